@@ -1,0 +1,85 @@
+"""Backend protocols: the only seam between esreason's algorithms and an inference engine.
+
+Three roles (DESIGN §2):
+
+- :class:`Generator` samples responses for a batch of prompts.
+- :class:`PerturbablePolicy` moves its weights to ``theta + sigma * eps(seed)``,
+  restores the centre bit-exactly, and applies the ES update.
+- :class:`PopulationEvaluator` evaluates a whole population (one member at a
+  time, batched, or over a Ray pool) and returns rewards by population index.
+
+vLLM and Ray are imported only inside ``esreason.backends``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample.
+
+    max_new_tokens: response limit in tokens.
+    temperature: 0 means greedy (argmax); otherwise softmax(logits / temperature).
+    top_p: nucleus mass kept (1.0 = full distribution).
+    seed: seed of this call's sampling randomness (same seed + same weights => same texts).
+    compute_entropy: also return the mean token-level entropy of the sampling
+        distribution (at ``temperature``, before top-p truncation) per response.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    compute_entropy: bool = False
+
+
+@dataclass
+class Generation:
+    """Result of one generate call, in prompt order.
+
+    texts: decoded responses (special tokens and the stop token removed).
+    token_ids: generated token ids per response (stop token excluded).
+    entropy_sum: per response, the sum over generated tokens of the token entropy
+        (nats), or None when not requested; divide by ``len(token_ids[i])`` (or
+        pool over responses) to average.
+    """
+
+    texts: list[str]
+    token_ids: list[list[int]]
+    entropy_sum: list[float] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+
+@runtime_checkable
+class Generator(Protocol):
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> Generation: ...
+
+
+@runtime_checkable
+class PerturbablePolicy(Protocol):
+    def perturb(self, seed: int, sigma: float) -> None:
+        """theta <- centre + sigma * eps(seed) (sigma may be negative for antithetic members)."""
+
+    def restore(self) -> None:
+        """theta <- centre, bit-exactly (or by subtraction in the paper-artifact mode)."""
+
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
+        """centre <- centre + alpha/len(seeds) * sum_i weights_i * eps(seeds_i); returns ||delta||_2."""
+
+    def save(self, directory: str | Path) -> None:
+        """Write a Hugging Face checkpoint of the centre."""
+
+
+@runtime_checkable
+class PopulationEvaluator(Protocol):
+    def evaluate(self, seeds: Sequence[int], signs: Sequence[int], sigma: float,
+                 prompts: Sequence[str], params: Sequence[SamplingParams],
+                 reward_fn) -> "list[list[float]]":
+        """Per member i (perturbation signs[i]*sigma*eps(seeds[i])), the per-prompt rewards."""

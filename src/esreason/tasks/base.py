@@ -1,0 +1,74 @@
+"""The task contract: a task = loader + prompt rendering + verifier + vote normaliser.
+
+A :class:`Problem` carries chat ``messages`` (the paper's appendix "Prompt
+Templates", already filled in); :func:`render_prompt` turns them into the model's
+input text with the tokenizer's own chat template, so the embedded default and a
+real model go through the same path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Hashable, Sequence
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One evaluation or training item.
+
+    task: registry name of the task the problem belongs to.
+    id: stable identifier, unique within the task (used to resume evaluations).
+    messages: chat messages, each {"role": ..., "content": ...}.
+    gold: the verifier's gold object (format set by the task's verifier).
+    meta: anything else worth keeping (source row, shuffled choice order, ...).
+    """
+
+    task: str
+    id: str
+    messages: tuple[dict[str, str], ...]
+    gold: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered task.
+
+    name: registry name (e.g. ``gsm8k``, ``demo-add``).
+    verifier: verifier name (see :mod:`esreason.verifiers`).
+    loader: ``loader(split, data_path) -> list[Problem]``; ``data_path`` is a local
+        JSONL/Parquet file or directory, or None to use the default source
+        (synthetic generation, or the Hugging Face hub where reachable).
+    splits: splits the loader accepts.
+    vote_key: maps an extracted answer to the key Maj@K votes over (None abstains).
+        Tasks whose equivalence is not a string key (math) set ``equivalent``.
+    equivalent: optional ``equivalent(a, b) -> bool`` used to group answers for
+        voting when keys are not enough (math-verify equivalence).
+    description: one line for ``--help`` and reports.
+    """
+
+    name: str
+    verifier: str
+    loader: Callable[[str, Path | None], list[Problem]]
+    splits: tuple[str, ...] = ("test",)
+    vote_key: Callable[[str | None], Hashable | None] = lambda a: a
+    equivalent: Callable[[str, str], bool] | None = None
+    description: str = ""
+
+    def load(self, split: str = "test", data_path: str | Path | None = None,
+             limit: int | None = None) -> list[Problem]:
+        from esreason.errors import UserError
+
+        if split not in self.splits:
+            raise UserError(f"task {self.name!r} has no split {split!r}; known: {', '.join(self.splits)}")
+        problems = self.loader(split, Path(data_path) if data_path is not None else None)
+        if not problems:
+            raise UserError(f"task {self.name!r} split {split!r} is empty"
+                            + (f" (data: {data_path})" if data_path else ""))
+        return problems[:limit] if limit is not None else problems
+
+
+def render_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
+    """Render chat messages with the tokenizer's chat template, ending at the assistant turn."""
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)

@@ -1,0 +1,28 @@
+"""Shared fixtures: everything on CPU, nothing from the network."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A randomly initialised tiny Qwen2 (char tokenizer) saved as an HF directory.
+
+    Small enough for fast tests (hidden 32, 2 layers); tied embeddings like the demo.
+    """
+    from esreason.embedded import TinyArch, build_model, build_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny_model")
+    tok = build_tokenizer()
+    model = build_model(tok, TinyArch(hidden=32, layers=2, heads=2, kv_heads=2, intermediate=64,
+                                      max_positions=256), seed=0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
