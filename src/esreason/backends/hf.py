@@ -1,0 +1,106 @@
+"""The transformers backend (CPU/GPU): model loading and the perturbable policy.
+
+This is the reference backend. Sampling lives in :mod:`esreason.backends.sampling`
+(a KV-cache decode loop over any HF causal LM); the ES weight operations live in
+:mod:`esreason.es.params`; this module glues them to a Hugging Face model and
+writes checkpoints that load with plain ``AutoModelForCausalLM.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from esreason.errors import UserError
+from esreason.es.params import CentredParameters, unique_named_parameters
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(spec: str) -> str:
+    """'demo' -> the embedded default's directory; a local dir as is; anything else is a hub id."""
+    if spec == "demo":
+        from esreason.embedded import demo_model_dir
+
+        path = demo_model_dir()
+        if not (path / "config.json").is_file():
+            raise UserError(f"the embedded default is missing at {path}; run `esreason pretrain-demo`")
+        return str(path)
+    p = Path(spec).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise UserError(f"model directory {p} has no config.json (not a Hugging Face model directory)")
+        return str(p)
+    looks_like_hub_id = spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+    if not looks_like_hub_id:
+        raise UserError(f"model path not found: {spec}")
+    return spec
+
+
+def load_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
+    """Load (model, tokenizer) from 'demo', a local HF directory or a hub id; model in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    path = resolve_model_path(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except OSError as exc:
+        raise UserError(f"cannot load model {spec!r}: {str(exc).splitlines()[0]}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+class HFPolicy:
+    """A Hugging Face causal LM whose weights ES perturbs in place (PerturbablePolicy).
+
+    restore: 'exact' | 'subtract' (see :mod:`esreason.es.params`).
+    master_weights: 'auto' (fp32 masters for bf16/fp16 models), 'fp32', 'none'.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, restore: str = "exact",
+                 master_weights: str = "auto") -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        dtype = next(model.parameters()).dtype
+        master = master_weights == "fp32" or (master_weights == "auto" and dtype != torch.float32)
+        self.params = CentredParameters(unique_named_parameters(model), restore=restore, master=master)
+
+    # PerturbablePolicy ------------------------------------------------------------
+    def perturb(self, seed: int, sigma: float) -> None:
+        self.params.perturb(seed, sigma)
+
+    def restore(self) -> None:
+        self.params.restore()
+
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
+        return self.params.apply_update(seeds, weights, alpha)
+
+    def save(self, directory: str | Path) -> None:
+        """HF checkpoint of the centre (model + tokenizer), plus fp32 masters when kept."""
+        directory = Path(directory)
+        self.model.save_pretrained(directory, safe_serialization=True)
+        self.tokenizer.save_pretrained(directory)
+        masters = self.params.master_state()
+        if masters is not None:
+            from safetensors.torch import save_file
+
+            save_file({n: t.contiguous() for n, t in masters.items()}, str(directory / "es_master.safetensors"))
+
+    def load_masters(self, directory: str | Path) -> bool:
+        """Load es_master.safetensors from a checkpoint if present; returns whether it did."""
+        path = Path(directory) / "es_master.safetensors"
+        if self.params.master_state() is None or not path.is_file():
+            return False
+        from safetensors.torch import load_file
+
+        self.params.load_master_state(load_file(str(path)))
+        return True

@@ -1,0 +1,108 @@
+"""Command-line interface: parse, build config, dispatch — no logic here.
+
+Every user-input problem surfaces as ``esreason: error: <one line>`` with exit
+status 2 and no traceback (:class:`esreason.errors.UserError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from esreason.errors import UserError
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from esreason.info import run_info
+
+    return run_info(args)
+
+
+def _cmd_pretrain_demo(args: argparse.Namespace) -> int:
+    from esreason.embedded.pretrain import main as pretrain_main
+
+    return pretrain_main(args.pretrain_args)
+
+
+def _default_output(config: str | None, kind: str) -> Path:
+    stem = Path(config).stem if config else kind
+    return Path("runs") / stem
+
+
+def _cmd_train_es(args: argparse.Namespace) -> int:
+    from esreason.config import load_config
+    from esreason.es.run import run_es
+
+    cfg = load_config(args.config, args.set or [])
+    output = Path(args.output) if args.output else _default_output(args.config, "es")
+    result = run_es(cfg, output, resume=args.resume, progress=not args.no_progress)
+    print(f"ES run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
+    print(f"run directory: {output}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from esreason.demo import run_demo
+
+    return run_demo(output=Path(args.output), quick=args.quick, progress=not args.no_progress)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from esreason import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="esreason",
+        description="Evolution Strategies post-training for LLM reasoning (ES vs GRPO, Pass@K, weight analyses).")
+    parser.add_argument("--version", action="version", version=f"esreason {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("info", help="versions, device and the embedded default's location")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("demo", help="the pipeline in miniature on the embedded default (CPU, minutes)")
+    p.add_argument("--output", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--quick", action="store_true", help="a smoke-test sized demo (seconds)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("pretrain-demo", help="(re)train the embedded default by SFT on the synthetic tasks",
+                       add_help=False)
+    p.add_argument("pretrain_args", nargs=argparse.REMAINDER,
+                   help="arguments of the pretraining script (see `esreason pretrain-demo --help`)")
+    p.set_defaults(func=_cmd_pretrain_demo)
+
+    train = sub.add_parser("train", help="post-train a model").add_subparsers(
+        dest="method", metavar="METHOD", required=True)
+    p = train.add_parser("es", help="full-parameter ES (paper appendix 'Implementation Procedure')")
+    p.add_argument("--config", help="YAML run config (e.g. configs/demo/es.yaml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key with a dotted name, e.g. --set es.sigma=1e-3 (repeatable)")
+    p.add_argument("--output", help="run directory (default: runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_train_es)
+
+    from esreason.eval.command import register as register_eval
+
+    register_eval(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"esreason: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("esreason: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

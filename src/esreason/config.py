@@ -1,0 +1,363 @@
+"""Typed, frozen run configuration with explicit validation.
+
+A run is described by one YAML file plus repeatable ``--set key=value``
+overrides with dotted keys (``--set es.sigma=1e-3``). Loading is strict:
+unknown keys, wrong types and out-of-range values raise :class:`ConfigError`
+(a :class:`~esreason.errors.UserError`) naming the dotted key and the allowed
+values; nothing is silently ignored.
+
+Defaults follow the paper's appendix table "Training settings" for the Easy
+setting where it states a value (N = 32, sigma = 1.5e-3, alpha = 2.5e-4,
+batch 64, 2 epochs, z-score shaping, temperature 0, 2,048 response tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+
+from esreason.errors import UserError
+
+
+class ConfigError(UserError):
+    """Invalid configuration: the message names the dotted key."""
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class ESConfig:
+    """Evolution Strategies settings (paper §"ES Optimization", appendix "Implementation Procedure")."""
+
+    population_size: int = 32
+    """N: perturbation evaluations per update (members). With ``estimator: two_point`` the
+    population is N/2 antithetic pairs, so the evaluation budget stays N (the paper's
+    matched ablation)."""
+    sigma: float = 1.5e-3
+    """Perturbation scale: member i runs theta + sigma * eps_i."""
+    alpha: float = 2.5e-4
+    """Centre-update scale; absorbs the 1/sigma factor (paper Eq. es-practical-update)."""
+    shaping: Literal["zscore", "none", "rank"] = "zscore"
+    """Reward shaping: population z-score (paper), raw rewards, or centred ranks in [-0.5, 0.5]."""
+    zscore_eps: float = 1e-8
+    """eps_num added to the population std (ddof 0) in the z-score denominator."""
+    estimator: Literal["one_point", "two_point"] = "one_point"
+    """one_point (paper): N independent directions; two_point: N/2 directions evaluated at
+    +sigma and -sigma (paper appendix "ES-ZO Estimator Equivalence")."""
+    format_reward: float = 0.1
+    """Reward of a response that follows the final-answer format but is wrong (paper: 0.1)."""
+    restore: Literal["exact", "subtract"] = "exact"
+    """exact: restore the centre from a saved copy (bit-exact, default). subtract: subtract
+    the same seeded noise, as the paper's artifact does; not an exact inverse in floating
+    point (kept for faithful reproduction and for measuring its drift)."""
+    master_weights: Literal["auto", "fp32", "none"] = "auto"
+    """Keep an fp32 copy of the centre and apply updates to it: 'auto' enables it for
+    bf16/fp16 models, so updates below half an ulp accumulate instead of rounding away."""
+    sampling_seeds: Literal["common", "independent"] = "common"
+    """At train temperature > 0: all members of a step share one sampling seed (common
+    random numbers) or each member gets its own."""
+    reward_control: Literal["none", "shuffle"] = "none"
+    """'shuffle' permutes member rewards before shaping (a seeded control that detaches
+    rewards from directions: ES should then not improve). 'none' for real training."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training loop settings."""
+
+    batch_size: int = 64
+    """B: prompts in the shared mini-batch every member answers (paper: 64)."""
+    epochs: int = 2
+    """Passes over the training split (paper: Easy 2, Hard 1). Ignored when max_steps is set."""
+    max_steps: int | None = None
+    """Stop after this many updates (overrides epochs)."""
+    seed: int = 0
+    """Master seed: data order, population seeds and sampling seeds derive from it."""
+    split: str = "train"
+    """Dataset split to train on."""
+    limit: int | None = None
+    """Use only the first `limit` training problems (smoke tests)."""
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Train-time sampling (paper: temperature 0 Easy, 0.6 Hard)."""
+
+    temperature: float = 0.0
+    """0 = greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus mass (the paper does not state it; 1.0 = full distribution)."""
+    max_new_tokens: int = 2048
+    """Response limit in tokens (paper: Easy 2,048, Hard 8,192)."""
+    batch_size: int = 256
+    """Sequences per forward batch in the sampler."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpointing."""
+
+    every: int = 50
+    """Save a checkpoint every this many updates (0 = only at the end)."""
+    keep_last: int | None = None
+    """Keep only the newest this many checkpoints (None = keep all)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Periodic held-out evaluation during training."""
+
+    every: int = 0
+    """Evaluate every this many updates (0 = never during training)."""
+    tasks: tuple[str, ...] = ()
+    """Tasks to evaluate (default: the training task's test split)."""
+    samples: int = 8
+    """Sampled responses per problem."""
+    temperature: float = 0.6
+    """Sampling temperature (paper evaluation protocol: 0.6)."""
+    max_new_tokens: int | None = None
+    """Response limit (default: generation.max_new_tokens)."""
+    ks: tuple[int, ...] = (1, 8)
+    """K values for Pass@K."""
+    limit: int | None = 64
+    """Problems per task (None = all)."""
+    greedy: bool = True
+    """Also report greedy accuracy."""
+    split: str = "test"
+    """Split evaluated."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A complete ES run."""
+
+    model: str = "demo"
+    """'demo' (the embedded default), a local Hugging Face model directory, or a hub id."""
+    task: str = "demo-add"
+    """Training task (registry name, see `esreason.tasks`)."""
+    data_path: str | None = None
+    """Local JSONL/Parquet file or directory for the training task (None = default source)."""
+    data_dir: str | None = None
+    """Directory with one sub-directory per task (<data_dir>/<task>/<split>.jsonl) for evaluation tasks."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Working dtype of the model weights."""
+    device: str = "cpu"
+    """Torch device ('cpu', 'cuda', 'cuda:1')."""
+    es: ESConfig = field(default_factory=ESConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _require(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key '{key}': {msg}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Range checks that types alone cannot express. Errors name the dotted key."""
+    es, tr, gen, ck, ev = cfg.es, cfg.train, cfg.generation, cfg.checkpoint, cfg.eval
+    _require(es.population_size >= 2, "es.population_size", f"must be >= 2 (got {es.population_size})")
+    if es.estimator == "two_point":
+        _require(es.population_size % 2 == 0, "es.population_size",
+                 f"must be even with es.estimator=two_point (got {es.population_size})")
+    _require(es.sigma > 0, "es.sigma", f"must be > 0 (got {es.sigma})")
+    _require(es.alpha >= 0, "es.alpha", f"must be >= 0 (got {es.alpha})")
+    _require(es.zscore_eps >= 0, "es.zscore_eps", f"must be >= 0 (got {es.zscore_eps})")
+    _require(0 <= es.format_reward <= 1, "es.format_reward", f"must be in [0, 1] (got {es.format_reward})")
+    _require(tr.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {tr.batch_size})")
+    _require(tr.epochs >= 1, "train.epochs", f"must be >= 1 (got {tr.epochs})")
+    _require(tr.max_steps is None or tr.max_steps >= 1, "train.max_steps", f"must be >= 1 (got {tr.max_steps})")
+    _require(tr.limit is None or tr.limit >= 1, "train.limit", f"must be >= 1 (got {tr.limit})")
+    _require(gen.temperature >= 0, "generation.temperature", f"must be >= 0 (got {gen.temperature})")
+    _require(0 < gen.top_p <= 1, "generation.top_p", f"must be in (0, 1] (got {gen.top_p})")
+    _require(gen.max_new_tokens >= 1, "generation.max_new_tokens", f"must be >= 1 (got {gen.max_new_tokens})")
+    _require(gen.batch_size >= 1, "generation.batch_size", f"must be >= 1 (got {gen.batch_size})")
+    _require(ck.every >= 0, "checkpoint.every", f"must be >= 0 (got {ck.every})")
+    _require(ck.keep_last is None or ck.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1 (got {ck.keep_last})")
+    _require(ev.every >= 0, "eval.every", f"must be >= 0 (got {ev.every})")
+    _require(ev.samples >= 1, "eval.samples", f"must be >= 1 (got {ev.samples})")
+    _require(ev.temperature >= 0, "eval.temperature", f"must be >= 0 (got {ev.temperature})")
+    _require(len(ev.ks) > 0 and all(1 <= k <= ev.samples for k in ev.ks), "eval.ks",
+             f"each K must be in [1, eval.samples={ev.samples}] (got {list(ev.ks)})")
+    _require(ev.limit is None or ev.limit >= 1, "eval.limit", f"must be >= 1 (got {ev.limit})")
+    _require(bool(cfg.model), "model", "must not be empty")
+    _require(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device",
+             f"must be 'cpu' or 'cuda[:N]' (got {cfg.device!r})")
+
+
+# --------------------------------------------------------------------------- building from dicts
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert lists to tuples and ints to floats."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"config key '{key}': got {value!r}; allowed values: "
+                              + ", ".join(repr(a) for a in allowed))
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp)
+        if isinstance(value, str):  # "1,16,32" from --set
+            value = [v.strip() for v in value.split(",") if v.strip()]
+            if inner is int:
+                try:
+                    value = [int(v) for v in value]
+                except ValueError:
+                    raise ConfigError(f"config key '{key}': expected a list of int, got {value!r}") from None
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+        return tuple(_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config key '{key}': expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config key '{key}': expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            # PyYAML reads "1e-3" (no dot) as a string; accept any float literal.
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key '{key}': expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, prefix=key)
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def build(cls: type, data: Mapping[str, Any] | None, prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a nested mapping; unknown keys are errors."""
+    data = {} if data is None else data
+    where = prefix or "top level"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config key '{where}': expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(f"unknown config key '{key}'; known keys under {where}: {', '.join(names)}")
+    kwargs = {}
+    for name in names:
+        if name in data:
+            key = f"{prefix}.{name}" if prefix else name
+            kwargs[name] = _coerce(data[name], hints[name], key)
+    return cls(**kwargs)
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["es.sigma=1e-3", "model=demo"]`` -> nested dict; values parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: '{p}' is not a section")
+        node[parts[-1]] = value
+    return out
+
+
+def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge (``over`` wins)."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p}: top level must be a mapping")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
+                cls: type = RunConfig) -> Any:
+    """Read YAML ``path`` (optional), apply ``--set`` overrides, build and validate ``cls``."""
+    data = read_yaml(path) if path is not None else {}
+    data = merge(data, parse_overrides(overrides))
+    return build(cls, data)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain-dict view (tuples as lists) for manifests and YAML dumps."""
+    def conv(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+    return conv(dataclasses.asdict(cfg))

@@ -1,0 +1,72 @@
+"""Evaluating a population, one member at a time (paper procedure step 3).
+
+For member i: perturb the centre by signs[i] * sigma * eps(seeds[i]), generate one
+response per prompt of the shared mini-batch, score it with the task verifier,
+average into R_i, restore the centre. Rewards are returned by population index.
+
+This is the sequential reference evaluator; batched and distributed evaluators
+(issue "Scale-out and speed") must return identical rewards for the same seeds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from esreason.backends.base import Generator, PerturbablePolicy, SamplingParams
+from esreason.es.population import Population
+from esreason.verifiers.base import Verdict
+
+
+@dataclass
+class PopulationResult:
+    """Outcome of one population evaluation.
+
+    rewards: [N, B] per member, per prompt training reward.
+    correct: [N, B] verifier-correct flags.
+    formatted: [N, B] followed the final-answer format.
+    tokens: generated tokens in total.
+    timings: seconds per phase ('generate', 'reward').
+    """
+
+    rewards: np.ndarray
+    correct: np.ndarray
+    formatted: np.ndarray
+    tokens: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def member_rewards(self) -> np.ndarray:
+        """R_i = mean reward over the mini-batch, shape [N]."""
+        return self.rewards.mean(axis=1)
+
+
+def evaluate_population(policy: PerturbablePolicy, generator: Generator, population: Population,
+                        sigma: float, prompts: Sequence[str], golds: Sequence[Any],
+                        scorer: Callable[[str, Any], Verdict],
+                        params: Sequence[SamplingParams]) -> PopulationResult:
+    """Sequentially evaluate every member; ``params[i]`` are member i's sampling params."""
+    n, b = len(population), len(prompts)
+    rewards = np.zeros((n, b), dtype=np.float64)
+    correct = np.zeros((n, b), dtype=bool)
+    formatted = np.zeros((n, b), dtype=bool)
+    tokens = 0
+    t_gen = t_rew = 0.0
+    for i, (seed, sign) in enumerate(zip(population.seeds, population.signs)):
+        policy.perturb(seed, sign * sigma)
+        try:
+            t0 = time.perf_counter()
+            gen = generator.generate(prompts, params[i])
+            t_gen += time.perf_counter() - t0
+        finally:
+            policy.restore()
+        t0 = time.perf_counter()
+        for j, (text, gold) in enumerate(zip(gen.texts, golds)):
+            v = scorer(text, gold)
+            rewards[i, j], correct[i, j], formatted[i, j] = v.reward, v.correct, v.formatted
+        t_rew += time.perf_counter() - t0
+        tokens += gen.num_tokens
+    return PopulationResult(rewards, correct, formatted, tokens, {"generate": t_gen, "reward": t_rew})

@@ -1,0 +1,183 @@
+"""The ES training loop — orchestration only.
+
+One update t (paper appendix "Implementation Procedure"):
+
+1. batch   = schedule.batch(t)                          (keep-tail, reshuffled per epoch)
+2. members = draw_population(seed, t, N, estimator)      (32-bit seeds, signs)
+3. R       = evaluate_population(...)                    (perturb / generate / score / restore)
+4. z       = shape(R)                                    (z-score, none or rank)
+5. theta  += alpha/N * sum_i z_i sign_i eps_i            (policy.apply_update)
+6. log, checkpoint, periodic held-out evaluation
+
+Everything random is a pure function of (train.seed, t), so a run resumed from
+the checkpoint after update t continues exactly as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from esreason.backends.base import Generator, SamplingParams
+from esreason.backends.hf import HFPolicy
+from esreason.config import RunConfig
+from esreason.es import shaping
+from esreason.es.evaluate import evaluate_population
+from esreason.es.population import draw_population, sampling_seeds
+from esreason.es.schedule import Schedule
+from esreason.tasks.base import Problem
+from esreason.verifiers.base import Verdict
+
+ES_STATE_FILE = "es_state.json"
+_CONTROL_STREAM = 0xC0C0
+
+
+@dataclass
+class TrainResult:
+    """steps: updates completed; final_checkpoint: path of the last checkpoint."""
+
+    steps: int
+    final_checkpoint: Path | None
+
+
+class ESTrainer:
+    """Runs ES updates on an :class:`HFPolicy` and writes the run directory.
+
+    cfg: the run config. policy/generator: the backend. prompts/problems: the
+    training split (rendered prompts aligned with problems). scorer: the task
+    verifier. run_dir: esreason.io.RunDir. logger: esreason.io.MetricsLogger.
+    heldout: optional callable(step) -> dict of held-out metrics.
+    """
+
+    def __init__(self, cfg: RunConfig, policy: HFPolicy, generator: Generator,
+                 problems: Sequence[Problem], prompts: Sequence[str],
+                 scorer: Callable[[str, Any], Verdict], run_dir: Any, logger: Any,
+                 heldout: Callable[[int], dict[str, float]] | None = None) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.generator = generator
+        self.problems = list(problems)
+        self.prompts = list(prompts)
+        self.scorer = scorer
+        self.run_dir = run_dir
+        self.logger = logger
+        self.heldout = heldout
+        self.schedule = Schedule(len(self.problems), cfg.train.batch_size, cfg.train.epochs, cfg.train.seed)
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.train.max_steps or self.schedule.total_steps
+
+    # ------------------------------------------------------------------ one update
+
+    def member_params(self, step: int) -> list[SamplingParams]:
+        es, gen = self.cfg.es, self.cfg.generation
+        seeds = sampling_seeds(self.cfg.train.seed, step, es.population_size, es.sampling_seeds)
+        return [SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
+                               top_p=gen.top_p, seed=s) for s in seeds]
+
+    def step(self, t: int) -> dict[str, float]:
+        """Run update ``t`` (0-based) and return its metrics."""
+        es = self.cfg.es
+        t_start = time.perf_counter()
+        idx = self.schedule.batch(t)
+        prompts = [self.prompts[i] for i in idx]
+        golds = [self.problems[i].gold for i in idx]
+        pop = draw_population(self.cfg.train.seed, t, es.population_size, es.estimator)
+        result = evaluate_population(self.policy, self.generator, pop, es.sigma, prompts, golds,
+                                     self.scorer, self.member_params(t))
+        member_r = result.member_rewards  # [N]
+        shaped_input = member_r
+        if es.reward_control == "shuffle":
+            # Control: rewards detached from their directions (same marginal distribution).
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+                [self.cfg.train.seed, _CONTROL_STREAM, t])))
+            shaped_input = member_r[rng.permutation(len(member_r))]
+        z = shaping.shape(shaped_input, es.shaping, es.zscore_eps)  # [N] float64
+        weights = [float(zi) * sgn for zi, sgn in zip(z, pop.signs)]
+        update_norm = self.policy.apply_update(pop.seeds, weights, es.alpha)
+        timings = self.policy.params.pop_timings()
+        step_time = time.perf_counter() - t_start
+        epoch, _ = self.schedule.position(t)
+        return {
+            "epoch": epoch,
+            "reward/mean": float(member_r.mean()),
+            "reward/max": float(member_r.max()),
+            "reward/min": float(member_r.min()),
+            "reward/std": float(member_r.std()),
+            "accuracy/mean": float(result.correct.mean()),
+            "format/mean": float(result.formatted.mean()),
+            "update_norm": float(update_norm),
+            "time/perturb": timings.get("perturb", 0.0),
+            "time/generate": result.timings["generate"],
+            "time/reward": result.timings["reward"],
+            "time/restore": timings.get("restore", 0.0),
+            "time/update": timings.get("update", 0.0),
+            "time/step": step_time,
+            "tokens": result.tokens,
+            "tokens_per_s": result.tokens / max(step_time, 1e-9),
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, steps_done: int) -> Path:
+        from esreason.io import atomic_directory
+
+        final = self.run_dir.checkpoint_path(steps_done)
+        epoch, pos = self.schedule.position(steps_done)
+        state = {
+            "step": steps_done,
+            "epoch": epoch,
+            "batch_in_epoch": pos,
+            "steps_per_epoch": self.schedule.steps_per_epoch,
+            "total_steps": self.total_steps,
+            "train_seed": self.cfg.train.seed,
+            "rng": "all randomness is derived from (train.seed, step); see esreason.es.population",
+        }
+        with atomic_directory(final) as tmp:
+            self.policy.save(tmp)
+            (Path(tmp) / ES_STATE_FILE).write_text(json.dumps(state, indent=2))
+        self._prune_checkpoints()
+        return final
+
+    def _prune_checkpoints(self) -> None:
+        keep = self.cfg.checkpoint.keep_last
+        if keep is None:
+            return
+        import shutil
+
+        for _, path in self.run_dir.list_checkpoints()[:-keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self, start_step: int = 0, progress: bool = True) -> TrainResult:
+        from esreason.io import progress_bar
+
+        total = self.total_steps
+        every = self.cfg.checkpoint.every
+        last_ckpt: Path | None = None
+        if start_step == 0 and self.heldout is not None and self.cfg.eval.every:
+            self.logger.log(0, self.heldout(0))
+        bar = progress_bar(total=total, desc="ES", disable=None if progress else True)
+        bar.update(start_step)
+        for t in range(start_step, total):
+            metrics = self.step(t)
+            steps_done = t + 1
+            if self.heldout is not None and self.cfg.eval.every and steps_done % self.cfg.eval.every == 0:
+                metrics.update(self.heldout(steps_done))
+            self.logger.log(steps_done, metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy/mean']:.3f}")
+            if (every and steps_done % every == 0) or steps_done == total:
+                last_ckpt = self.save_checkpoint(steps_done)
+        bar.close()
+        if last_ckpt is None and start_step >= total:
+            found = self.run_dir.latest_checkpoint()
+            last_ckpt = found[1] if found else None
+        return TrainResult(total, last_ckpt)

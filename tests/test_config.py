@@ -1,0 +1,76 @@
+"""Config loading: YAML + --set overrides, strict validation with errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from esreason.config import ConfigError, RunConfig, load_config, parse_overrides, to_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_follow_the_paper_easy_setting():
+    cfg = RunConfig()
+    assert (cfg.es.population_size, cfg.es.sigma, cfg.es.alpha) == (32, 1.5e-3, 2.5e-4)
+    assert cfg.es.shaping == "zscore" and cfg.es.estimator == "one_point" and cfg.es.restore == "exact"
+    assert (cfg.train.batch_size, cfg.train.epochs, cfg.generation.temperature) == (64, 2, 0.0)
+
+
+def test_overrides_with_dotted_keys_and_yaml_values(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model: demo\nes:\n  sigma: 0.01\n")
+    cfg = load_config(p, ["es.sigma=2e-3", "train.max_steps=5", "es.shaping=rank", "eval.ks=1,4",
+                          "eval.samples=4"])
+    assert cfg.es.sigma == 2e-3 and cfg.train.max_steps == 5 and cfg.es.shaping == "rank"
+    assert cfg.eval.ks == (1, 4)
+    assert parse_overrides(["a.b=1", "a.c=x"]) == {"a": {"b": 1, "c": "x"}}
+    assert isinstance(to_dict(cfg)["eval"]["ks"], list)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["es.sigmaa=1"], "unknown config key 'es.sigmaa'"),
+    (["bogus=1"], "unknown config key 'bogus'"),
+    (["es.sigma=abc"], "'es.sigma': expected a number"),
+    (["es.sigma=0"], "'es.sigma': must be > 0"),
+    (["es.sigma=-1"], "'es.sigma': must be > 0"),
+    (["es.population_size=1"], "'es.population_size': must be >= 2"),
+    (["es.population_size=2.5"], "'es.population_size': expected an integer"),
+    (["es.shaping=softmax"], "allowed values: 'zscore', 'none', 'rank'"),
+    (["es.estimator=two_point", "es.population_size=7"], "must be even"),
+    (["train.batch_size=0"], "'train.batch_size'"),
+    (["generation.top_p=1.5"], "'generation.top_p'"),
+    (["eval.ks=1,64", "eval.samples=8"], "'eval.ks'"),
+    (["es=3"], "'es': expected a mapping"),
+    (["noequals"], "--set expects key=value"),
+])
+def test_bad_config_errors_name_the_key(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert needle in str(err.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("es: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("**/es*.yaml")), ids=lambda p: p.name)
+def test_shipped_es_configs_validate(path):
+    cfg = load_config(path)
+    assert cfg.es.population_size >= 2
+
+
+def test_paper_configs_carry_the_paper_settings():
+    easy = load_config(ROOT / "configs/easy/es-qwen2.5-1.5b.yaml")
+    hard = load_config(ROOT / "configs/hard/es-deepseek-r1-distill-qwen-1.5b.yaml")
+    for cfg in (easy, hard):
+        assert (cfg.es.population_size, cfg.es.sigma, cfg.es.alpha, cfg.train.batch_size) == (32, 1.5e-3, 2.5e-4, 64)
+    assert (easy.train.epochs, easy.generation.temperature, easy.generation.max_new_tokens) == (2, 0.0, 2048)
+    assert (hard.train.epochs, hard.generation.temperature, hard.generation.max_new_tokens) == (1, 0.6, 8192)
+    assert easy.task == "gsm8k" and hard.task == "deepscaler"
