@@ -26,8 +26,9 @@ class SamplingParams:
     temperature: 0 means greedy (argmax); otherwise softmax(logits / temperature).
     top_p: nucleus mass kept (1.0 = full distribution).
     seed: seed of this call's sampling randomness (same seed + same weights => same texts).
-    compute_entropy: also return the mean token-level entropy of the sampling
-        distribution (at ``temperature``, before top-p truncation) per response.
+    compute_entropy: also return, per response, the sum over its generated tokens of the
+        token-level entropy of the sampling distribution (at ``temperature``, before top-p
+        truncation); see ``Generation.entropy_sum``.
     """
 
     max_new_tokens: int = 64

@@ -1,7 +1,16 @@
-"""Architecture of the embedded default: a standard ``Qwen2ForCausalLM``, only tiny.
+"""Architecture of the embedded default: a standard ``LlamaForCausalLM``, only tiny.
 
 Nothing here is custom modelling code: the checkpoint loads with plain
-``AutoModelForCausalLM.from_pretrained`` and, with head_dim 64 variants, with vLLM.
+``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` and, with
+head_dim 64 variants, with vLLM.
+
+Why Llama and not Qwen2: transformers 5.x lists ``qwen2`` among the model types whose
+hub tokenizer class it distrusts, so ``AutoTokenizer`` on a ``qwen2`` directory always
+builds a ``Qwen2Tokenizer`` (byte-level BPE pre-tokenisation) over our character
+vocabulary and silently drops spaces and newlines. A ``llama`` directory loads our
+``tokenizer.json`` as written. ``attention_bias=True`` gives the q/k/v (and o)
+projection biases that the paper's Qwen models have, so the localisation analysis has
+attention biases to count.
 """
 
 from __future__ import annotations
@@ -10,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "demo"
 
@@ -37,9 +46,9 @@ class TinyArch:
     tie_embeddings: bool = True
 
 
-def build_model(tokenizer, arch: TinyArch = TinyArch(), seed: int = 0) -> Qwen2ForCausalLM:
-    """A freshly initialised tiny Qwen2 matching ``tokenizer`` (fp32, eval mode)."""
-    config = Qwen2Config(
+def build_model(tokenizer, arch: TinyArch = TinyArch(), seed: int = 0) -> LlamaForCausalLM:
+    """A freshly initialised tiny Llama matching ``tokenizer`` (fp32, eval mode)."""
+    config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=arch.hidden,
         num_hidden_layers=arch.layers,
@@ -52,9 +61,10 @@ def build_model(tokenizer, arch: TinyArch = TinyArch(), seed: int = 0) -> Qwen2F
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         rope_theta=10000.0,
+        attention_bias=True,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id

@@ -1,0 +1,180 @@
+"""FLOP accounting for ES vs GRPO (paper appendix "ES-GRPO FLOP Matching").
+
+With P parameters and responses of L tokens, a forward pass costs ~2PL FLOPs and a
+backward pass ~4PL. Per update:
+
+    FLOPs_GRPO = 8 T B G P L    (policy forward + reference forward + policy backward)
+    FLOPs_ES   = 2 T N D P L    (one forward per member and prompt)
+
+With T_ES = T_GRPO, D = B and N = 4G the two are equal (paper: N = 32, G = 8).
+Matching uses one shared L, as the paper does; lengths measured in runs differ (ES
+samples at temperature 0, GRPO at 1.0) and are reported separately.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from esreason.config import read_yaml
+from esreason.errors import UserError
+
+#: Training-set sizes of the paper's training tasks (used when the data is not local).
+KNOWN_TRAIN_SIZES = {"gsm8k": 7473, "deepscaler": 40315}
+#: Parameter counts of the paper's models (used when the model is not local).
+KNOWN_PARAMS = {
+    "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
+    "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,
+    "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 1_777_088_000,
+}
+
+
+@dataclass(frozen=True)
+class FlopEstimate:
+    """FLOPs of one training config.
+
+    method: 'es' or 'grpo'. updates: T. prompts: B (GRPO) or D (ES). samples: G or N.
+    params: P. length: the shared L. flops: the paper's estimate.
+    """
+
+    config: str
+    method: str
+    updates: int
+    prompts: int
+    samples: int
+    params: int
+    length: int
+    flops: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def es_flops(T: int, N: int, D: int, P: int, L: int) -> float:
+    """FLOPs_ES = 2 T N D P L."""
+    return 2.0 * T * N * D * P * L
+
+
+def grpo_flops(T: int, B: int, G: int, P: int, L: int) -> float:
+    """FLOPs_GRPO = 8 T B G P L."""
+    return 8.0 * T * B * G * P * L
+
+
+def count_parameters(model: str) -> int:
+    """P for 'demo', a local HF dir (instantiated on the meta device) or a known hub id."""
+    if model in KNOWN_PARAMS:
+        return KNOWN_PARAMS[model]
+    from esreason.backends.hf import resolve_model_path
+
+    path = resolve_model_path(model)
+    if not Path(path).is_dir():
+        raise UserError(f"cannot count parameters of {model!r} offline; pass --params")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(config)
+    seen, total = set(), 0
+    for p in m.parameters():  # tied weights once
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def train_size(task: str, data_path: str | None, split: str, limit: int | None) -> int:
+    if task in KNOWN_TRAIN_SIZES and data_path is None:
+        n = KNOWN_TRAIN_SIZES[task]
+    else:
+        from esreason import tasks
+
+        n = len(tasks.get(task).load(split, data_path))
+    return min(n, limit) if limit else n
+
+
+def estimate(config_path: str | Path, *, length: int | None = None, params: int | None = None) -> FlopEstimate:
+    """FLOPs of an ES or GRPO config file (method detected from its `es:` / `grpo:` section)."""
+    raw = read_yaml(config_path)
+    if "grpo" in raw:
+        from esreason.grpo.config import load_grpo_config
+
+        cfg = load_grpo_config(config_path)
+        method, samples = "grpo", cfg.grpo.num_generations
+    else:
+        from esreason.config import load_config
+
+        cfg = load_config(config_path)
+        method, samples = "es", cfg.es.population_size
+    B = cfg.train.batch_size
+    if cfg.train.max_steps:
+        T = cfg.train.max_steps
+    else:
+        T = cfg.train.epochs * math.ceil(train_size(cfg.task, cfg.data_path, cfg.train.split, cfg.train.limit) / B)
+    P = params if params is not None else count_parameters(cfg.model)
+    L = length if length is not None else cfg.generation.max_new_tokens
+    flops = es_flops(T, samples, B, P, L) if method == "es" else grpo_flops(T, B, samples, P, L)
+    return FlopEstimate(str(config_path), method, T, B, samples, P, L, flops)
+
+
+def compare(estimates: list[FlopEstimate], rel_tol: float = 1e-9) -> dict[str, Any]:
+    """The estimates plus whether they are matched (equal FLOPs under one shared L)."""
+    matched = len(estimates) > 1 and all(
+        math.isclose(e.flops, estimates[0].flops, rel_tol=rel_tol) for e in estimates[1:])
+    return {"configs": [e.as_dict() for e in estimates], "matched": matched,
+            "shared_length": len({e.length for e in estimates}) == 1}
+
+
+def measured_length(run_dir: str | Path) -> float | None:
+    """Mean response length measured in a run's metrics.jsonl (ES: tokens / (N*B); GRPO: TRL's
+    completions/mean_length), or None when the run has no such metric."""
+    from esreason.io import read_metrics
+
+    run = Path(run_dir)
+    rows = read_metrics(run / "metrics.jsonl")
+    lengths = [r["completions/mean_length"] for r in rows if "completions/mean_length" in r]
+    if lengths:
+        return sum(lengths) / len(lengths)
+    cfg_path = run / "config.yaml"
+    if rows and cfg_path.is_file() and any("tokens" in r for r in rows):
+        import yaml
+
+        cfg = yaml.safe_load(cfg_path.read_text())
+        n, b = cfg["es"]["population_size"], cfg["train"]["batch_size"]
+        per = [r["tokens"] / (n * b) for r in rows if "tokens" in r]
+        return sum(per) / len(per)
+    return None
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = ["| config | method | T | B/D | G/N | P | L | FLOPs |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for c in result["configs"]:
+        lines.append(f"| {c['config']} | {c['method']} | {c['updates']} | {c['prompts']} | {c['samples']} | "
+                     f"{c['params']:,} | {c['length']} | {c['flops']:.4g} |")
+    if len(result["configs"]) > 1:
+        lines.append("")
+        lines.append(f"matched: {'yes' if result['matched'] else 'no'}")
+    return "\n".join(lines)
+
+
+def run_flops(args: Any) -> int:
+    ests = [estimate(c, length=args.length, params=args.params) for c in args.config]
+    result = compare(ests)
+    if args.run:
+        result["measured_length"] = {r: measured_length(r) for r in args.run}
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("flops", help="FLOP accounting: ES vs GRPO matching (paper appendix)")
+    p.add_argument("--config", action="append", required=True, help="ES or GRPO config (repeatable)")
+    p.add_argument("--length", type=int, help="shared response length L (default: generation.max_new_tokens)")
+    p.add_argument("--params", type=int, help="parameter count P (default: counted from the model)")
+    p.add_argument("--run", action="append", help="run directory whose measured mean length to report")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_flops)
