@@ -32,7 +32,7 @@ from esreason.embedded.tokenizer import build_tokenizer
 class PretrainConfig:
     """SFT settings for the embedded default."""
 
-    steps: int = 1500
+    steps: int = 310
     """Optimizer steps."""
     batch_size: int = 64
     """Sequences per step."""
@@ -44,7 +44,7 @@ class PretrainConfig:
     """AdamW weight decay."""
     seed: int = 0
     """Seed of initialisation and data order."""
-    mixture: tuple[tuple[str, float], ...] = (("demo-add", 0.6), ("demo-sub", 0.25), ("demo-countdown", 0.15))
+    mixture: tuple[tuple[str, float], ...] = (("demo-add", 0.5), ("demo-sub", 0.35), ("demo-countdown", 0.15))
     """(family, probability) of each training sequence."""
     arch: TinyArch = field(default_factory=TinyArch)
     """Model shape."""
