@@ -16,11 +16,20 @@ from esreason.io.hashing import hash_directory_safetensors
 
 
 def small_cfg(model_dir, *extra):
+    """A 4-update ES run. On the embedded default rewards vary across members, so updates
+    are non-zero and resume/determinism checks compare real weight changes."""
     return load_config(None, [
         f"model={model_dir}", "task=demo-add", "train.limit=24", "train.batch_size=6",
-        "train.max_steps=4", "es.population_size=4", "es.sigma=0.05", "es.alpha=0.02",
-        "generation.max_new_tokens=12", "generation.temperature=0.7", "checkpoint.every=1",
+        "train.max_steps=4", "es.population_size=4", "es.sigma=0.003", "es.alpha=0.002",
+        "generation.max_new_tokens=40", "generation.temperature=0.7", "checkpoint.every=1",
         *extra])
+
+
+@pytest.fixture(scope="module")
+def demo_dir():
+    from esreason.embedded import demo_model_dir
+
+    return demo_model_dir()
 
 
 def metrics(run: Path) -> list[dict]:
@@ -31,28 +40,28 @@ def final_hash(run: Path, step: int) -> str:
     return hash_directory_safetensors(run / "checkpoints" / f"step_{step}")
 
 
-def test_alpha_zero_leaves_weights_bit_identical(tiny_model_dir, tmp_path):
-    res = run_es(small_cfg(tiny_model_dir, "es.alpha=0"), tmp_path / "run", progress=False)
+def test_alpha_zero_leaves_weights_bit_identical(demo_dir, tmp_path):
+    res = run_es(small_cfg(demo_dir, "es.alpha=0"), tmp_path / "run", progress=False)
     assert res.steps == 4
-    assert hash_directory_safetensors(res.final_checkpoint) == hash_directory_safetensors(tiny_model_dir)
+    assert hash_directory_safetensors(res.final_checkpoint) == hash_directory_safetensors(demo_dir)
     assert all(m["update_norm"] == 0.0 for m in metrics(tmp_path / "run"))
 
 
-def test_same_config_and_seed_give_the_same_run(tiny_model_dir, tmp_path):
-    a = run_es(small_cfg(tiny_model_dir), tmp_path / "a", progress=False)
-    b = run_es(small_cfg(tiny_model_dir), tmp_path / "b", progress=False)
+def test_same_config_and_seed_give_the_same_run(demo_dir, tmp_path):
+    a = run_es(small_cfg(demo_dir), tmp_path / "a", progress=False)
+    b = run_es(small_cfg(demo_dir), tmp_path / "b", progress=False)
     ra = [m["reward/mean"] for m in metrics(tmp_path / "a")]
     rb = [m["reward/mean"] for m in metrics(tmp_path / "b")]
     assert ra == rb
     assert hash_directory_safetensors(a.final_checkpoint) == hash_directory_safetensors(b.final_checkpoint)
-    assert hash_directory_safetensors(a.final_checkpoint) != hash_directory_safetensors(tiny_model_dir)
-    c = run_es(small_cfg(tiny_model_dir, "train.seed=1"), tmp_path / "c", progress=False)
+    assert hash_directory_safetensors(a.final_checkpoint) != hash_directory_safetensors(demo_dir)
+    c = run_es(small_cfg(demo_dir, "train.seed=1"), tmp_path / "c", progress=False)
     assert hash_directory_safetensors(c.final_checkpoint) != hash_directory_safetensors(a.final_checkpoint)
 
 
-def test_run_directory_contract(tiny_model_dir, tmp_path):
+def test_run_directory_contract(demo_dir, tmp_path):
     run = tmp_path / "run"
-    run_es(small_cfg(tiny_model_dir, "train.max_steps=2"), run, progress=False)
+    run_es(small_cfg(demo_dir, "train.max_steps=2"), run, progress=False)
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["config"]["es"]["population_size"] == 4
     ck = run / "checkpoints" / "step_2"
@@ -70,8 +79,8 @@ def test_run_directory_contract(tiny_model_dir, tmp_path):
     assert any((run / "tensorboard").iterdir())
 
 
-def test_resume_after_kill_between_steps_is_bit_identical(tiny_model_dir, tmp_path, monkeypatch):
-    full = run_es(small_cfg(tiny_model_dir), tmp_path / "full", progress=False)
+def test_resume_after_kill_between_steps_is_bit_identical(demo_dir, tmp_path, monkeypatch):
+    full = run_es(small_cfg(demo_dir), tmp_path / "full", progress=False)
 
     from esreason.es.trainer import ESTrainer
 
@@ -84,16 +93,16 @@ def test_resume_after_kill_between_steps_is_bit_identical(tiny_model_dir, tmp_pa
 
     monkeypatch.setattr(ESTrainer, "step", dying_step)
     with pytest.raises(KeyboardInterrupt):
-        run_es(small_cfg(tiny_model_dir), tmp_path / "killed", progress=False)
+        run_es(small_cfg(demo_dir), tmp_path / "killed", progress=False)
     monkeypatch.setattr(ESTrainer, "step", original)
-    resumed = run_es(small_cfg(tiny_model_dir), tmp_path / "killed", resume=True, progress=False)
+    resumed = run_es(small_cfg(demo_dir), tmp_path / "killed", resume=True, progress=False)
     assert hash_directory_safetensors(resumed.final_checkpoint) == hash_directory_safetensors(full.final_checkpoint)
     assert [m["reward/mean"] for m in metrics(tmp_path / "killed")] == \
         [m["reward/mean"] for m in metrics(tmp_path / "full")]
 
 
-def test_resume_after_kill_during_checkpoint_write(tiny_model_dir, tmp_path):
-    full = run_es(small_cfg(tiny_model_dir), tmp_path / "full", progress=False)
+def test_resume_after_kill_during_checkpoint_write(demo_dir, tmp_path):
+    full = run_es(small_cfg(demo_dir), tmp_path / "full", progress=False)
     run = tmp_path / "killed"
     # A child process that dies (os._exit: no cleanup handlers) half-way through writing
     # the checkpoint of update 3.
@@ -112,26 +121,26 @@ def test_resume_after_kill_during_checkpoint_write(tiny_model_dir, tmp_path):
         hf.HFPolicy.save = save
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_es_train import small_cfg
-        run_es(small_cfg({str(tiny_model_dir)!r}), {str(run)!r}, progress=False)
+        run_es(small_cfg({str(demo_dir)!r}), {str(run)!r}, progress=False)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 9, proc.stderr[-2000:]
     assert not (run / "checkpoints" / "step_3").exists()
     assert list((run / "checkpoints").glob(".tmp*"))           # the torn write is left aside
-    resumed = run_es(small_cfg(tiny_model_dir), run, resume=True, progress=False)
+    resumed = run_es(small_cfg(demo_dir), run, resume=True, progress=False)
     assert not list((run / "checkpoints").glob(".tmp*"))       # and cleaned on resume
     assert hash_directory_safetensors(resumed.final_checkpoint) == hash_directory_safetensors(full.final_checkpoint)
     assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4]
 
 
-def test_fresh_run_refuses_to_overwrite(tiny_model_dir, tmp_path):
+def test_fresh_run_refuses_to_overwrite(demo_dir, tmp_path):
     from esreason.errors import UserError
 
-    run_es(small_cfg(tiny_model_dir, "train.max_steps=1"), tmp_path / "r", progress=False)
+    run_es(small_cfg(demo_dir, "train.max_steps=1"), tmp_path / "r", progress=False)
     with pytest.raises(UserError, match="--resume"):
-        run_es(small_cfg(tiny_model_dir, "train.max_steps=1"), tmp_path / "r", progress=False)
+        run_es(small_cfg(demo_dir, "train.max_steps=1"), tmp_path / "r", progress=False)
     with pytest.raises(UserError, match="different config"):
-        run_es(small_cfg(tiny_model_dir, "train.max_steps=1", "es.sigma=0.1"), tmp_path / "r",
+        run_es(small_cfg(demo_dir, "train.max_steps=1", "es.sigma=0.1"), tmp_path / "r",
                resume=True, progress=False)
 
 

@@ -89,8 +89,7 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     from esreason import tasks, verifiers
     from esreason.backends.hf import HFPolicy, load_model, resolve_model_path
     from esreason.backends.sampling import Sampler
-    from esreason.io import (MetricsLogger, RunDir, build_manifest, clean_stale_tmp, truncate_metrics,
-                             write_manifest)
+    from esreason.io import MetricsLogger, RunDir, build_manifest, clean_stale_tmp, write_manifest
     from esreason.io.atomic import atomic_write_text
 
     out = Path(output)
@@ -130,11 +129,9 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
         manifest = build_manifest(to_dict(cfg), seeds={"train.seed": cfg.train.seed}, model_dir=model_dir,
                                   datasets={cfg.task: f"{len(problems)} problems, split {cfg.train.split}"})
         write_manifest(out, manifest)
-    if resume and run_dir.metrics_path.exists():
-        # Drop metrics logged after the checkpoint we resume from (and a torn last line).
-        truncate_metrics(run_dir.metrics_path, start_step if start_step else -1)
-
     heldout = make_heldout(cfg, generator, tokenizer)
-    with MetricsLogger(out) as logger:
+    # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
+    truncate_after = (start_step if start_step else -1) if resume else None
+    with MetricsLogger(out, truncate_after=truncate_after) as logger:
         trainer = ESTrainer(cfg, policy, generator, problems, prompts, scorer, run_dir, logger, heldout)
         return trainer.train(start_step=start_step, progress=progress)

@@ -146,13 +146,8 @@ class ESTrainer:
         return final
 
     def _prune_checkpoints(self) -> None:
-        keep = self.cfg.checkpoint.keep_last
-        if keep is None:
-            return
-        import shutil
-
-        for _, path in self.run_dir.list_checkpoints()[:-keep]:
-            shutil.rmtree(path, ignore_errors=True)
+        if self.cfg.checkpoint.keep_last is not None:
+            self.run_dir.prune_checkpoints(self.cfg.checkpoint.keep_last)
 
     # ------------------------------------------------------------------ loop
 
@@ -164,8 +159,7 @@ class ESTrainer:
         last_ckpt: Path | None = None
         if start_step == 0 and self.heldout is not None and self.cfg.eval.every:
             self.logger.log(0, self.heldout(0))
-        bar = progress_bar(total=total, desc="ES", disable=None if progress else True)
-        bar.update(start_step)
+        bar = progress_bar(total=total, desc="ES", disable=None if progress else True, initial=start_step)
         for t in range(start_step, total):
             metrics = self.step(t)
             steps_done = t + 1
