@@ -43,8 +43,10 @@ def tensors(seed: int) -> dict[str, torch.Tensor]:
 def test_sharded_and_single_file_give_identical_statistics(tmp_path):
     b, t = tensors(0), tensors(1)
     single_b, single_t = write_ckpt(tmp_path / "sb", b), write_ckpt(tmp_path / "st", t)
-    shard_b = write_sharded(tmp_path / "hb", [{"a.weight": b["a.weight"]}, {k: b[k] for k in ("b.bias", "c.norm.weight")}])
-    shard_t = write_sharded(tmp_path / "ht", [{k: t[k] for k in ("a.weight", "b.bias")}, {"c.norm.weight": t["c.norm.weight"]}])
+    shard_b = write_sharded(tmp_path / "hb", [{"a.weight": b["a.weight"]},
+                                              {k: b[k] for k in ("b.bias", "c.norm.weight")}])
+    shard_t = write_sharded(tmp_path / "ht", [{k: t[k] for k in ("a.weight", "b.bias")},
+                                              {"c.norm.weight": t["c.norm.weight"]}])
     taus = parse_taus("0.1,1")
     x = analyze_pair(single_b, single_t, taus=taus, topk=4).drift.to_json()
     y = analyze_pair(shard_b, shard_t, taus=taus, topk=4).drift.to_json()

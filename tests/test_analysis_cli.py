@@ -136,7 +136,7 @@ def test_drift_command(es_pair, tmp_path, capsys):
     disk = assert_outputs(tmp_path / "d", "drift", ["drift_hist.png"])
     assert disk["relative_l2"] == payload["relative_l2"]
     md = (tmp_path / "d" / "drift.md").read_text()
-    assert "ES-subtract" in md and f"({payload['ratio_to_reference']:.1f}×)" in md
+    assert "ES-subtract" in md and f"({payload['ratio_to_reference']:.3g}×)" in md
 
 
 def test_localize_command(es_pair, tmp_path, capsys):
@@ -211,6 +211,12 @@ def test_bad_input_is_a_one_line_error(es_pair, tmp_path, capsys):
     rc, msg = cli(["analyze", "threshold", "--base", str(base), "--tuned", str(a), "--out", str(tmp_path / "y")],
                   capsys)
     assert rc == 2 and "exactly one of --tau" in msg
+    rc, msg = cli(["analyze", "threshold", "--base", str(base), "--tuned", str(a), "--tau", "1e-3,2e-3",
+                   "--out", str(tmp_path / "y")], capsys)
+    assert rc == 2 and "use --sweep" in msg
+    rc, msg = cli(["analyze", "drift", "--base", str(base), "--tuned", str(a), "--tuned-ref", str(a),
+                   "--label", "x", "--ref-label", "x", "--out", str(tmp_path / "y")], capsys)
+    assert rc == 2 and "must differ" in msg
     # a checkpoint of another architecture: the error names the first differing tensor
     import shutil
 

@@ -77,6 +77,11 @@ def test_drift_and_s_tau_match_hand_computation(pair):
     assert cats["attn_bias"]["relative_l2"] is None  # base biases are zero
     assert cats["input_layernorm"]["share_of_sq_drift"] == pytest.approx(2**-20 / sum(c * c for c in CHANGES))
     assert sum(res.hist_counts) == 5
+    # each changed coordinate lies in the bin [edges[i-1], edges[i]) of the histogram
+    expect = [0] * len(res.hist_counts)
+    for c in CHANGES:
+        expect[sum(1 for e in res.hist_edges if e <= c)] += 1
+    assert res.hist_counts == expect
 
 
 def test_tied_lm_head_is_counted_once(tmp_path):

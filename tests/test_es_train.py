@@ -166,11 +166,14 @@ def test_cli_bad_input_is_one_line_error(tmp_path, overrides, needle):
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1, err
 
 
-def test_cli_empty_dataset_is_one_line_error(tmp_path):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    proc = _cli("train", "es", "--set", "task=gsm8k", "--set", f"data_path={empty}",
-                "--output", str(tmp_path / "r"), "--no-progress")
-    assert proc.returncode == 2
-    err = proc.stderr.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1 and "empty" in err, err
+def test_empty_dataset_is_a_clear_error(tmp_path, monkeypatch):
+    from esreason.errors import UserError
+    from esreason.tasks import registry
+    from esreason.tasks.base import Task
+
+    registry.get("demo-add")  # load the registry first
+    monkeypatch.setitem(registry._TASKS, "empty-task",
+                        Task(name="empty-task", verifier="math", loader=lambda split, path: [], splits=("train",)))
+    with pytest.raises(UserError, match="task 'empty-task' split 'train' is empty"):
+        run_es(load_config(None, ["task=empty-task"]), tmp_path / "r", progress=False)
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()   # nothing half-written

@@ -36,7 +36,7 @@ def _evaluate(model_path: str, tasks: list[str], cfg: Any, quick: bool) -> dict[
     from esreason.eval import evaluate_problems
 
     model, tok = load_model(model_path)
-    sampler = Sampler(model, tok, batch_size=512)
+    sampler = Sampler(model, tok, batch_size=256)
     limit = 8 if quick else 100
     samples = 4 if quick else 16
     ks = (1, 4) if quick else (1, 4, 16)
@@ -47,15 +47,17 @@ def _evaluate(model_path: str, tasks: list[str], cfg: Any, quick: bool) -> dict[
                              max_new_tokens=cfg.generation.max_new_tokens, ks=ks, seed=1234, greedy=True)
 
 
-def _rows(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str, float, float]]:
+SHOWN_METRICS = ("greedy_acc", "pass@1", "pass@4", "pass@16", "maj@16", "entropy")
+
+
+def _rows(before: dict[str, Any], after: dict[str, Any], tasks: list[str]) -> list[tuple[str, str, float, float]]:
+    """(task, metric, base, ES) for the metrics worth printing (evaluate_problems' flat keys)."""
     rows = []
-    for task, metrics in before.items():
-        if not isinstance(metrics, dict):
-            continue
-        for name, value in metrics.items():
-            other = after.get(task, {}).get(name)
-            if isinstance(value, (int, float)) and isinstance(other, (int, float)) and not isinstance(value, bool):
-                rows.append((task, name, float(value), float(other)))
+    for task in tasks:
+        for name in SHOWN_METRICS:
+            b, a = before.get(f"{task}/{name}"), after.get(f"{task}/{name}")
+            if isinstance(b, (int, float)) and isinstance(a, (int, float)):
+                rows.append((task, name, float(b), float(a)))
     return rows
 
 
@@ -77,7 +79,7 @@ def run_demo(output: Path, quick: bool = False, progress: bool = True) -> int:
     result = run_es(cfg, es_dir, resume=(es_dir / "metrics.jsonl").exists(), progress=progress)
     print(f"[3/3] evaluating the ES checkpoint {result.final_checkpoint}")
     after = _evaluate(str(result.final_checkpoint), tasks, cfg, quick)
-    rows = _rows(before, after)
+    rows = _rows(before, after, tasks)
     elapsed = time.perf_counter() - t_start
 
     lines = ["| task | metric | base | ES | change |", "|---|---|---:|---:|---:|"]

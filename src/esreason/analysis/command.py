@@ -35,8 +35,27 @@ def _print(args: argparse.Namespace, tables: list, payload: dict[str, Any], writ
         print(json.dumps(payload, indent=2, default=str))
     else:
         print(render_markdown(tables))
+    for note in _notes(payload):
+        print(f"note: {note}", file=sys.stderr)
     if written:
         print("wrote: " + ", ".join(str(p) for p in written), file=sys.stderr)
+
+
+def _notes(payload: Any) -> list[str]:
+    """Every 'notes' list in a payload (nested reference/checkpoint entries included), deduplicated."""
+    out: list[str] = []
+    stack = [payload]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "notes" and isinstance(v, list):
+                    out += [n for n in v if isinstance(n, str) and n not in out]
+                elif isinstance(v, (dict, list)):
+                    stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(x for x in node if isinstance(x, (dict, list)))
+    return out
 
 
 def _out(args: argparse.Namespace, name: str) -> Path:
@@ -53,6 +72,11 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _check_labels(args: argparse.Namespace) -> None:
+    if getattr(args, "tuned_ref", None) and args.label == args.ref_label:
+        raise UserError(f"--label and --ref-label must differ (both {args.label!r})")
+
+
 def _topk(value: int) -> int:
     if value < 1:
         raise UserError(f"--topk must be >= 1 (got {value})")
@@ -63,6 +87,7 @@ def _topk(value: int) -> int:
 
 
 def _cmd_drift(args: argparse.Namespace) -> int:
+    _check_labels(args)
     from esreason.analysis.pair import analyze_pair
     from esreason.analysis.plots import plot_update_histogram
     from esreason.analysis.reports import drift_report, emit
@@ -105,7 +130,10 @@ def _cmd_threshold(args: argparse.Namespace) -> int:
     if args.tau is not None:
         from esreason.analysis.threshold import write_thresholded
 
-        ((label, tau),) = parse_taus(args.tau)
+        parsed = parse_taus(args.tau)
+        if len(parsed) != 1:
+            raise UserError(f"--tau takes one threshold (got {args.tau!r}); use --sweep for several")
+        ((label, tau),) = parsed
         stats = write_thresholded(args.base, args.tuned, tau, args.out, tau_label=label, chunk_elems=args.chunk_elems)
         table = threshold_table(stats)
         payload = {"checkpoint": str(args.out), **stats.to_json()}
@@ -144,6 +172,7 @@ def _cmd_threshold(args: argparse.Namespace) -> int:
 
 
 def _cmd_localize(args: argparse.Namespace) -> int:
+    _check_labels(args)
     from esreason.analysis.pair import analyze_pair
     from esreason.analysis.plots import plot_category_counts
     from esreason.analysis.reports import category_panels, emit, localize_report
@@ -167,6 +196,7 @@ def _cmd_localize(args: argparse.Namespace) -> int:
 
 
 def _cmd_rounding(args: argparse.Namespace) -> int:
+    _check_labels(args)
     from esreason.analysis.pair import analyze_pair
     from esreason.analysis.plots import plot_category_counts
     from esreason.analysis.reports import emit, rounding_report

@@ -98,7 +98,9 @@ class DriftAccumulator:
         self.tensors: dict[str, TensorDrift] = {}
         self.edges = hist_edges()
         self.hist = torch.zeros(len(self.edges) + 1, dtype=torch.int64)  # [under, bins..., over]
-        self._tau_t = torch.tensor([v for _, v in self.taus], dtype=torch.float64)
+        if any(b <= a for (_, a), (_, b) in zip(self.taus, self.taus[1:])):
+            self.taus.sort(key=lambda t: t[1])
+        self._edges_tau = torch.tensor([0.0] + [v for _, v in self.taus], dtype=torch.float64)
 
     def add(self, chunk: PairedChunk, b: torch.Tensor, d: torch.Tensor, a: torch.Tensor) -> None:
         rec = self.tensors.get(chunk.name)
@@ -106,26 +108,34 @@ class DriftAccumulator:
             rec = TensorDrift(chunk.name, chunk.shape, chunk.tuned_dtype,
                               le_tau=[0] * len(self.taus), sq_above_tau=[0.0] * len(self.taus))
             self.tensors[chunk.name] = rec
-        nz = a > 0
-        rec.numel += a.numel()
-        rec.changed += int(nz.sum())
+        n_taus = len(self.taus)
         sq = d * d  # [n]
-        rec.sq_diff += float(sq.sum())
-        rec.sq_base += float((b * b).sum())
+        # One bucketize for every tau: 0 -> |d| == 0; j+1 -> tau_j < |d| <= tau_{j+1} (tau_0 = 0);
+        # n_taus + 1 -> |d| > the largest tau. Counts and Delta^2 per interval, cumulated below.
+        idx = torch.bucketize(a, self._edges_tau, right=False)                       # [n] int64
+        counts = torch.bincount(idx, minlength=n_taus + 2)                           # [n_taus + 2]
+        sq_per = torch.bincount(idx, weights=sq, minlength=n_taus + 2)               # [n_taus + 2] float64
+        rec.numel += a.numel()
+        rec.changed += int(a.numel() - counts[0])
+        rec.sq_diff += float(sq_per.sum())
+        rec.sq_base += float(torch.dot(b, b))
+        le = torch.cumsum(counts[1:-1], 0).tolist()                                   # 0 < |d| <= tau_j
+        above = torch.flip(torch.cumsum(torch.flip(sq_per[2:], [0]), 0), [0]).tolist()  # sum over |d| > tau_j
+        for j in range(n_taus):
+            rec.le_tau[j] += int(le[j])
+            rec.sq_above_tau[j] += float(above[j])
         if a.numel():
             m = float(a.max())
             if m > rec.max_abs:
                 rec.max_abs, rec.at_max = m, int((a == m).sum())
             elif m == rec.max_abs and m > 0:
                 rec.at_max += int((a == m).sum())
-        for j, (_, tau) in enumerate(self.taus):
-            below = a <= tau
-            rec.le_tau[j] += int((below & nz).sum())
-            rec.sq_above_tau[j] += float(sq[~below].sum())
-        an = a[nz]
+        an = a[idx > 0]
         if an.numel():
-            idx = torch.bucketize(an, self.edges, right=True)  # 0: below 1e-16, len(edges): >= 1e2
-            self.hist += torch.bincount(idx, minlength=len(self.edges) + 1)
+            # log-spaced bin by arithmetic (a plot histogram: a value on an edge may land in either bin)
+            pos = torch.floor((torch.log10(an) - HIST_LO) * HIST_PER_DECADE).to(torch.int64) + 1
+            pos = pos.clamp_(0, len(self.edges))                   # 0: below 1e-16, len(edges): >= 1e2
+            self.hist += torch.bincount(pos, minlength=len(self.edges) + 1)
 
     def result(self) -> "DriftResult":
         return DriftResult(self.taus, list(self.tensors.values()), self.edges.tolist(), self.hist.tolist())

@@ -25,8 +25,19 @@ class PairAnalysis:
     loc: Localization | None = None
     rounding: RoundingResult | None = None
 
+    @property
+    def notes(self) -> list[str]:
+        """Caveats a reader of the numbers should know about."""
+        out = []
+        if self.info.base_dtypes != self.info.tuned_dtypes:
+            out.append(f"{self.label}: base is stored as {'/'.join(sorted(self.info.base_dtypes))} and the tuned "
+                       f"checkpoint as {'/'.join(sorted(self.info.tuned_dtypes))}: every Delta includes the cast "
+                       "between them")
+        return out
+
     def provenance(self) -> dict:
         return {
+            "notes": self.notes,
             "label": self.label, "base": str(self.base), "tuned": str(self.tuned),
             "tensors": self.info.tensors, "tied_weights_counted_once": self.info.tied,
             "non_float_tensors_skipped": self.info.non_float,

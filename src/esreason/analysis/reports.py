@@ -46,14 +46,15 @@ def drift_report(tuned: PairAnalysis, ref: PairAnalysis | None = None) -> tuple[
                  ["Checkpoint", "Changed (%)", "Full"] + [f"τ={lab}: D (s_τ %)" for lab, _ in taus],
                  caption="Full: relative L2 distance of the checkpoint (×ratio to the reference). τ columns: relative "
                          "L2 distance of the magnitude-thresholded model (updates with |Δ| ≤ τ reset to base) and, in "
-                         "parentheses, s_τ = share of nonzero updates with 0 < |Δ| ≤ τ (paper Eq. rq2-update-sparsity).")
+                         "parentheses, s_τ = share of nonzero updates with 0 < |Δ| ≤ τ "
+                         "(paper Eq. rq2-update-sparsity).")
     rows = ([ref] if ref is not None else []) + [tuned]
     for pa in rows:
         dr = pa.drift
         assert dr is not None
         full = _drel(dr.relative_l2)
         if pa is tuned and ratio is not None:
-            full += f" ({ratio:.1f}×)"
+            full += f" ({ratio:.3g}×)"
         cells = [f"{_drel(dr.thresholded_relative_l2[lab])} ({fmt_pct(dr.s_tau[lab])})" for lab, _ in taus]
         main.add(pa.label, fmt_pct(dr.changed / dr.numel if dr.numel else None), full, *cells)
 
@@ -86,7 +87,8 @@ def _largest_table(rows: Sequence[PairAnalysis]) -> Table:
     k = rows[0].loc.k if rows and rows[0].loc else 0
     t = Table("Largest updates", ["Checkpoint", "max |Δ|", "# at max", "At max, by category",
                                   f"Top-{k}, by category", f"Top-{k}: normalization", f"Top-{k}: attention"],
-              caption="Top-k tie rule: |Δ| descending, then tensor name, then flat index (see esreason.analysis.localize).")
+              caption="Top-k tie rule: |Δ| descending, then tensor name, then flat index "
+                      "(see esreason.analysis.localize).")
     for pa in rows:
         loc = pa.loc
         assert loc is not None
@@ -120,7 +122,8 @@ def localize_report(tuned: PairAnalysis, ref: PairAnalysis | None = None, show: 
     summary = Table("Maximum and top-k updates",
                     ["Checkpoint", "max |Δ|", "# at max", "max ratio", f"k-th |Δ| (k={loc.k})", "# ≥ k-th", "# = k-th",
                      "# = k-th in top-k"],
-                    caption="max ratio: max |Δ| of the checkpoint over that of the reference (paper: GRPO 48× smaller). "
+                    caption="max ratio: max |Δ| of the checkpoint over that of the reference "
+                            "(paper: GRPO 48× smaller). "
                             "The last three columns show whether the top-k boundary splits a group of equal values.")
     for pa in rows:
         lo = pa.loc
@@ -135,7 +138,8 @@ def localize_report(tuned: PairAnalysis, ref: PairAnalysis | None = None, show: 
     steps = _lattice_steps(tuned)
     cols = ["Rank", "Tensor", "Index", "Category", "Δ", "θ0"] + (["Lattice steps"] if steps is not None else [])
     top = Table(f"Top {min(show, len(loc.top))} updates ({tuned.label})", cols,
-                caption="Lattice steps: representable values between θ0 and θ in the checkpoint dtype (1 = one-ulp flip).")
+                caption="Lattice steps: representable values between θ0 and θ in the checkpoint dtype "
+                        "(1 = one-ulp flip).")
     for r, e in enumerate(loc.top[:show]):
         cells = [r + 1, e.name, list(e.index), e.category, fmt_exact(e.delta), fmt_exact(e.base)]
         top.add(*cells, *([steps[r]] if steps is not None else []))

@@ -50,7 +50,8 @@ class Table:
 
     def to_latex(self) -> str:
         spec = self.align or ("l" + "r" * (len(self.columns) - 1))
-        out = ["\\begin{table}[t]", "\\centering", f"\\caption{{{latex_escape(self.caption or self.title)}}}",
+        caption = self.title + (". " + self.caption if self.caption else "")
+        out = ["\\begin{table}[t]", "\\centering", f"\\caption{{{latex_escape(caption)}}}",
                f"\\begin{{tabular}}{{@{{}}{spec}@{{}}}}", "\\toprule",
                " & ".join(latex_escape(c) for c in self.columns) + " \\\\", "\\midrule"]
         for r in self.rows:
@@ -65,7 +66,8 @@ class Table:
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
                   "|": r"$|$", "<": r"$<$", ">": r"$>$", "×": r"$\times$", "τ": r"$\tau$", "Δ": r"$\Delta$",
-                  "≤": r"$\le$", "≥": r"$\ge$", "θ": r"$\theta$", "‖": r"$\|$"}
+                  "≤": r"$\le$", "≥": r"$\ge$", "θ": r"$\theta$", "‖": r"$\|$", "²": r"$^2$", "−": r"$-$",
+                  "·": r"$\cdot$", "α": r"$\alpha$", "σ": r"$\sigma$"}
 
 
 def latex_escape(text: str) -> str:
