@@ -42,7 +42,9 @@ def resolve_model_path(spec: str) -> str:
 def load_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
     """Load (model, tokenizer) from 'demo', a local HF directory or a hub id; model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # our own progress bars are enough
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
     path = resolve_model_path(spec)
@@ -87,7 +89,7 @@ class HFPolicy:
     def save(self, directory: str | Path) -> None:
         """HF checkpoint of the centre (model + tokenizer), plus fp32 masters when kept."""
         directory = Path(directory)
-        self.model.save_pretrained(directory, safe_serialization=True)
+        self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         masters = self.params.master_state()
         if masters is not None:
