@@ -87,6 +87,10 @@ class Checkpoint:
     def __init__(self, path: str | Path, label: str = "checkpoint") -> None:
         from safetensors import SafetensorError, safe_open
 
+        if str(path) == "demo":  # the embedded default, as everywhere else in the CLI
+            from esreason.embedded import demo_model_dir
+
+            path = demo_model_dir()
         self.path = Path(path).expanduser()
         self.label = label
         if not self.path.is_dir():
