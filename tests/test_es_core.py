@@ -192,3 +192,19 @@ def test_perturb_misuse_is_an_error():
         cp.perturb(2, 0.1)
     with pytest.raises(RuntimeError):
         cp.apply_update([1], [1.0], 0.1)
+
+
+def test_direction_cache_gives_bit_identical_updates():
+    seeds, weights = [3, 4, 3, 9], [0.5, -1.0, 0.25, 2.0]
+    results = []
+    for cache_bytes in (0, 1 << 30, 200):  # off, everything, only part fits
+        m = Tiny()
+        cp = CentredParameters(unique_named_parameters(m), cache_bytes=cache_bytes)
+        for s in seeds:
+            cp.perturb(s, 0.01)
+            cp.restore()
+        cp.apply_update(seeds, weights, 0.1)
+        assert cp._cache == {} and cp._cache_used == 0          # emptied by the update
+        results.append(state(m))
+    assert_bitwise_equal(results[0], results[1])
+    assert_bitwise_equal(results[0], results[2])

@@ -382,3 +382,27 @@ def test_sources_cover_every_task():
     assert paper.SOURCES["gpqa"].hub_split("test") == "train"
     assert paper.SOURCES["csqa"].hub_split("test") == "validation"
     assert paper.SOURCES["hotpotqa"].hub_split("test") == "validation"
+
+
+def test_export_split_writes_the_layout_the_loader_reads(tmp_path):
+    path, n = paper.export_split("hotpotqa", "test", tmp_path, data_path=FIXTURES / "hotpotqa")
+    assert (path, n) == (tmp_path / "hotpotqa" / "test.jsonl", 3)
+    exported = load("hotpotqa", path=tmp_path / "hotpotqa")
+    assert [(p.id, p.messages, p.gold) for p in exported] == [(p.id, p.messages, p.gold) for p in load("hotpotqa")]
+    with pytest.raises(UserError, match="no paper dataset named 'demo-add'"):
+        paper.export_split("demo-add", "test", tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    write_jsonl(bad, [{"question": "q"}])
+    with pytest.raises(UserError, match="row 1: field 'answer' is missing"):
+        paper.export_split("gsm8k", "test", tmp_path / "out", data_path=bad)
+    assert not (tmp_path / "out" / "gsm8k" / "test.jsonl").exists()
+
+
+def test_importing_the_task_module_loads_no_heavy_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, esreason.tasks.paper; "
+            "print([m for m in ('datasets', 'pyarrow', 'torch', 'esreason.verifiers.math') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"

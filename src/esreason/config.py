@@ -63,6 +63,9 @@ class ESConfig:
     sampling_seeds: Literal["common", "independent"] = "common"
     """At train temperature > 0: all members of a step share one sampling seed (common
     random numbers) or each member gets its own."""
+    direction_cache_mb: int = 256
+    """Keep the directions drawn during an update in memory (up to this many MiB) so the
+    update does not draw them again; a pure speed-up, 0 disables it."""
     reward_control: Literal["none", "shuffle"] = "none"
     """'shuffle' permutes member rewards before shaping (a seeded control that detaches
     rewards from directions: ES should then not improve). 'none' for real training."""
@@ -177,6 +180,7 @@ def validate(cfg: RunConfig) -> None:
                  f"must be even with es.estimator=two_point (got {es.population_size})")
     _require(es.sigma > 0, "es.sigma", f"must be > 0 (got {es.sigma})")
     _require(es.alpha >= 0, "es.alpha", f"must be >= 0 (got {es.alpha})")
+    _require(es.direction_cache_mb >= 0, "es.direction_cache_mb", f"must be >= 0 (got {es.direction_cache_mb})")
     _require(es.zscore_eps >= 0, "es.zscore_eps", f"must be >= 0 (got {es.zscore_eps})")
     _require(0 <= es.format_reward <= 1, "es.format_reward", f"must be in [0, 1] (got {es.format_reward})")
     _require(tr.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {tr.batch_size})")

@@ -66,15 +66,17 @@ class HFPolicy:
 
     restore: 'exact' | 'subtract' (see :mod:`esreason.es.params`).
     master_weights: 'auto' (fp32 masters for bf16/fp16 models), 'fp32', 'none'.
+    direction_cache_mb: memory for re-using an update's directions (0 = regenerate).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, restore: str = "exact",
-                 master_weights: str = "auto") -> None:
+                 master_weights: str = "auto", direction_cache_mb: int = 256) -> None:
         self.model = model
         self.tokenizer = tokenizer
         dtype = next(model.parameters()).dtype
         master = master_weights == "fp32" or (master_weights == "auto" and dtype != torch.float32)
-        self.params = CentredParameters(unique_named_parameters(model), restore=restore, master=master)
+        self.params = CentredParameters(unique_named_parameters(model), restore=restore, master=master,
+                                        cache_bytes=direction_cache_mb * 2**20)
 
     # PerturbablePolicy ------------------------------------------------------------
     def perturb(self, seed: int, sigma: float) -> None:

@@ -114,7 +114,8 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     task = tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
     model, tokenizer = load_model(start_model, cfg.dtype, cfg.device)
-    policy = HFPolicy(model, tokenizer, restore=cfg.es.restore, master_weights=cfg.es.master_weights)
+    policy = HFPolicy(model, tokenizer, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
+                      direction_cache_mb=cfg.es.direction_cache_mb)
     if start_step:
         policy.load_masters(start_model)
     prompts = [tasks.render_prompt(tokenizer, p.messages) for p in problems]

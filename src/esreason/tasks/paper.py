@@ -10,7 +10,9 @@ HotpotQA distractor ``validation``, GPQA ``train`` — the only one published).
 A loader reads the rows (:mod:`esreason.tasks.sources`: local file/directory or the
 hub), converts each with its family's converter (which validates every field) and
 checks that ids are unique. Verifiers are referenced by name only; vote keys import
-their normalisers lazily so importing this module stays cheap.
+their normalisers lazily so importing this module stays cheap. :func:`export_split`
+copies a split (from the hub or a local file) to the ``<dir>/<task>/<split>.jsonl``
+layout the loaders read. Prompts, sources and layouts: docs/tasks.md.
 """
 
 from __future__ import annotations

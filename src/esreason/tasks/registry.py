@@ -14,7 +14,7 @@ from esreason.tasks.base import Task
 
 _TASK_MODULES = (
     "esreason.tasks.synthetic",   # embedded default families (demo-*)
-    # "esreason.tasks.paper" (the paper benchmarks) is added when that module lands
+    "esreason.tasks.paper",       # the paper's benchmarks and training sets
 )
 
 _TASKS: dict[str, Task] = {}

@@ -1,0 +1,195 @@
+"""Typed, frozen configuration of a GRPO run (``esreason train grpo``).
+
+Same loading rules as the ES config (:mod:`esreason.config`): one YAML file plus
+repeatable ``--set key=value`` overrides; unknown keys, wrong types and out-of-range
+values raise :class:`~esreason.config.ConfigError` naming the dotted key.
+
+Defaults are the paper's Easy GRPO column of the appendix table "Training settings"
+(B = 64 prompts, G = 8 responses, learning rate 1e-6, temperature 1.0, 2 epochs,
+2,048 response tokens, clip 0.2, KL coefficient 0.001). Settings the paper leaves
+unstated (optimizer, warmup, gradient clipping, KL estimator) default to verl's actor
+defaults, since the paper's GRPO runs used verl: AdamW (beta 0.9/0.999, eps 1e-8,
+weight decay 0.01), constant learning rate without warmup, gradient-norm clipping 1.0,
+and the k3 ("low_var_kl") KL estimator as a loss term. See docs/grpo.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+from esreason.config import (CheckpointConfig, ConfigError, EvalConfig, GenerationConfig, TrainConfig,
+                             load_config)
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """The GRPO objective and optimizer (paper §"GRPO Fine-tuning", Eqs. grpo-group-advantage
+    and grpo-clipped-objective; appendix "Training Hyperparameters")."""
+
+    num_generations: int = 8
+    """G: responses sampled per prompt (one group)."""
+    learning_rate: float = 1.0e-6
+    """AdamW learning rate (paper: 1e-6)."""
+    beta: float = 0.001
+    """KL coefficient to the starting (reference) model (paper: 0.001). Enters the loss as
+    beta * k3 per token, k3 = exp(ref - logp) - (ref - logp) - 1; 0 disables the reference model."""
+    kl_ratio_correction: bool = False
+    """Multiply the per-token k3 by the importance ratio (TRL's ``use_bias_correction_kl``, its
+    default). Off: the plain k3 term verl adds (``low_var_kl``), which the paper's runs used."""
+    epsilon: float = 0.2
+    """Clip range: ratio clipped to [1 - epsilon, 1 + epsilon_high] (paper: symmetric 0.2)."""
+    epsilon_high: float | None = None
+    """Upper clip range; None = epsilon (the paper's symmetric clip)."""
+    format_reward: float = 0.1
+    """Reward of a formatted but wrong response (paper: 0.1; the same task rewards as ES)."""
+    standardize_advantages: bool = True
+    """True: A_i = (r_i - mean) / s_G with the group's population std (ddof 0), 0 when s_G = 0
+    (paper Eq. grpo-group-advantage; the Hard table's "standardized"). False: A_i = r_i - mean
+    (one reading of the Easy table's "group-relative advantages")."""
+    mini_batch_size: int | None = None
+    """Prompts per optimizer step (verl's PPO mini-batch, counted in prompts; paper Easy: 32).
+    One update consumes one rollout batch of train.batch_size prompts and makes
+    train.batch_size / mini_batch_size optimizer steps. None = train.batch_size (one step)."""
+    micro_batch_size: int = 2
+    """Sequences per forward/backward pass (verl's PPO micro-batch; paper Easy: 2). Only
+    memory and speed depend on it, not the update."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay (unstated in the paper; verl's default)."""
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1.0e-8
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clipping per optimizer step (0 = off; verl's default 1.0)."""
+    warmup_updates: int = 0
+    """Linear learning-rate warmup, in updates (rollout batches); converted to optimizer steps."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule after warmup (verl's default: constant)."""
+    mask_truncated_completions: bool = False
+    """Exclude responses cut at generation.max_new_tokens from the loss (DAPO); off in the paper."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (saves memory on long responses)."""
+    bf16: bool = False
+    """bf16 autocast for the training forward/backward (GPU only; weights stay in `dtype`)."""
+    use_vllm: bool = False
+    """Generate rollouts with vLLM in colocate mode (GPU only; needs the trl[vllm] extra)."""
+
+
+@dataclass(frozen=True)
+class GRPOGenerationConfig(GenerationConfig):
+    """Train-time sampling of the rollouts (paper: temperature 1.0 for GRPO, Easy and Hard).
+
+    ``batch_size`` is the sampler batch of the periodic held-out evaluation; rollouts are
+    generated in one batch of train.batch_size x grpo.num_generations sequences.
+    """
+
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class GRPOCheckpointConfig(CheckpointConfig):
+    """Checkpointing: HF checkpoints in RUN/checkpoints/step_N, optimizer state in RUN/trl/."""
+
+    keep_trainer_states: int = 2
+    """Keep the newest this many TRL checkpoints (optimizer, scheduler, RNG and data position
+    under RUN/trl/checkpoint-*); --resume needs the one paired with the newest HF checkpoint."""
+
+
+@dataclass(frozen=True)
+class GRPORunConfig:
+    """A complete GRPO run. Top-level keys and train/eval sections mean what they mean for ES."""
+
+    model: str = "demo"
+    """'demo' (the embedded default), a local Hugging Face model directory, or a hub id. It is
+    also the KL reference model."""
+    task: str = "demo-add"
+    """Training task (registry name, see `esreason.tasks`)."""
+    data_path: str | None = None
+    """Local JSONL/Parquet file or directory for the training task (None = default source)."""
+    data_dir: str | None = None
+    """Directory with one sub-directory per task (<data_dir>/<task>/<split>.jsonl) for evaluation tasks."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype the weights are loaded and optimised in (float32 = fp32 master weights)."""
+    device: str = "cpu"
+    """'cpu' or 'cuda' (one GPU; select it with CUDA_VISIBLE_DEVICES)."""
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    generation: GRPOGenerationConfig = field(default_factory=GRPOGenerationConfig)
+    checkpoint: GRPOCheckpointConfig = field(default_factory=GRPOCheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+def _require(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key '{key}': {msg}")
+
+
+def _validate_grpo(cfg: GRPORunConfig) -> None:
+    g, b = cfg.grpo, cfg.train.batch_size
+    _require(g.num_generations >= 2, "grpo.num_generations",
+             f"must be >= 2: the group advantage needs two responses (got {g.num_generations})")
+    _require(g.learning_rate >= 0, "grpo.learning_rate", f"must be >= 0 (got {g.learning_rate})")
+    _require(g.beta >= 0, "grpo.beta", f"must be >= 0 (got {g.beta})")
+    _require(0 < g.epsilon < 1, "grpo.epsilon", f"must be in (0, 1) (got {g.epsilon})")
+    _require(g.epsilon_high is None or g.epsilon_high > 0, "grpo.epsilon_high",
+             f"must be > 0 or null (got {g.epsilon_high})")
+    _require(0 <= g.format_reward <= 1, "grpo.format_reward", f"must be in [0, 1] (got {g.format_reward})")
+    if g.mini_batch_size is not None:
+        _require(g.mini_batch_size >= 1 and b % g.mini_batch_size == 0, "grpo.mini_batch_size",
+                 f"must divide train.batch_size={b} (got {g.mini_batch_size})")
+    mini = g.mini_batch_size or b
+    _require(g.micro_batch_size >= 1 and (mini * g.num_generations) % g.micro_batch_size == 0,
+             "grpo.micro_batch_size",
+             f"must divide the {mini * g.num_generations} sequences of one optimizer step "
+             f"(mini-batch {mini} prompts x {g.num_generations} responses; got {g.micro_batch_size})")
+    _require(g.weight_decay >= 0, "grpo.weight_decay", f"must be >= 0 (got {g.weight_decay})")
+    _require(0 <= g.adam_beta1 < 1, "grpo.adam_beta1", f"must be in [0, 1) (got {g.adam_beta1})")
+    _require(0 <= g.adam_beta2 < 1, "grpo.adam_beta2", f"must be in [0, 1) (got {g.adam_beta2})")
+    _require(g.adam_epsilon > 0, "grpo.adam_epsilon", f"must be > 0 (got {g.adam_epsilon})")
+    _require(g.max_grad_norm >= 0, "grpo.max_grad_norm", f"must be >= 0 (got {g.max_grad_norm})")
+    _require(g.warmup_updates >= 0, "grpo.warmup_updates", f"must be >= 0 (got {g.warmup_updates})")
+    on_gpu = cfg.device.startswith("cuda")
+    _require(not g.bf16 or on_gpu, "grpo.bf16", "bf16 autocast needs device 'cuda' (keep it false on CPU)")
+    _require(not g.use_vllm or on_gpu, "grpo.use_vllm", "vLLM rollouts need device 'cuda'")
+
+
+def validate(cfg: GRPORunConfig) -> None:
+    """Range checks that types alone cannot express. Errors name the dotted key."""
+    tr, gen, ck, ev = cfg.train, cfg.generation, cfg.checkpoint, cfg.eval
+    _require(bool(cfg.model), "model", "must not be empty")
+    _require(cfg.device in ("cpu", "cuda", "cuda:0"), "device",
+             f"must be 'cpu' or 'cuda' (got {cfg.device!r}); pick a GPU with CUDA_VISIBLE_DEVICES")
+    _require(tr.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {tr.batch_size})")
+    _require(tr.epochs >= 1, "train.epochs", f"must be >= 1 (got {tr.epochs})")
+    _require(tr.max_steps is None or tr.max_steps >= 1, "train.max_steps", f"must be >= 1 (got {tr.max_steps})")
+    _require(tr.limit is None or tr.limit >= 1, "train.limit", f"must be >= 1 (got {tr.limit})")
+    _require(tr.seed >= 0, "train.seed", f"must be >= 0 (got {tr.seed})")
+    _require(gen.temperature > 0, "generation.temperature",
+             f"must be > 0: GRPO samples its groups (got {gen.temperature})")
+    _require(0 < gen.top_p <= 1, "generation.top_p", f"must be in (0, 1] (got {gen.top_p})")
+    _require(gen.max_new_tokens >= 1, "generation.max_new_tokens", f"must be >= 1 (got {gen.max_new_tokens})")
+    _require(gen.batch_size >= 1, "generation.batch_size", f"must be >= 1 (got {gen.batch_size})")
+    _require(ck.every >= 0, "checkpoint.every", f"must be >= 0 (got {ck.every})")
+    _require(ck.keep_last is None or ck.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1 (got {ck.keep_last})")
+    _require(ck.keep_trainer_states >= 1, "checkpoint.keep_trainer_states",
+             f"must be >= 1 (got {ck.keep_trainer_states})")
+    _require(ev.every >= 0, "eval.every", f"must be >= 0 (got {ev.every})")
+    _require(ev.samples >= 1, "eval.samples", f"must be >= 1 (got {ev.samples})")
+    _require(ev.temperature >= 0, "eval.temperature", f"must be >= 0 (got {ev.temperature})")
+    _require(len(ev.ks) > 0 and all(1 <= k <= ev.samples for k in ev.ks), "eval.ks",
+             f"each K must be in [1, eval.samples={ev.samples}] (got {list(ev.ks)})")
+    _require(ev.limit is None or ev.limit >= 1, "eval.limit", f"must be >= 1 (got {ev.limit})")
+    _validate_grpo(cfg)
+
+
+def load_grpo_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> GRPORunConfig:
+    """Read YAML ``path`` (optional), apply ``--set`` overrides, build and validate a GRPORunConfig."""
+    return load_config(path, overrides, cls=GRPORunConfig)
+
+
+__all__ = ["GRPOCheckpointConfig", "GRPOGenerationConfig", "GRPORunConfig", "GRPOSettings", "load_grpo_config",
+           "validate"]

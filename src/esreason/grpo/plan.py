@@ -1,0 +1,118 @@
+"""How one GRPO update maps onto TRL's batching knobs, and how many updates a run makes.
+
+The paper counts updates T (appendix "ES-GRPO FLOP Matching": FLOPs_GRPO = 8 T B G P L,
+matched to ES at T_ES = T_GRPO). In esreason one **update** is one rollout batch: B prompts
+x G responses sampled from the current policy, scored, turned into group advantages, and
+trained on. The paper's Easy GRPO ran verl with "PPO minibatch 32; microbatch 2" at B = 64,
+i.e. each rollout batch is split into B / 32 = 2 optimizer steps of 32 prompts (256
+sequences), each accumulated from micro-batches of 2 sequences. In TRL terms::
+
+    per_device_train_batch_size = micro                    (2)
+    gradient_accumulation_steps = mini * G / micro         (32 * 8 / 2 = 128)
+    steps_per_generation        = B * G / micro            (64 * 8 / 2 = 256)
+    => generation_batch_size    = B * G                    (512 sequences per rollout)
+       optimizer steps / update = B / mini                 (2)
+
+The second optimizer step of an update trains on responses sampled before the first step,
+so its importance ratio differs from 1 and the clip acts (PPO semantics); TRL computes the
+behaviour log-probabilities at generation time whenever steps_per_generation exceeds
+gradient_accumulation_steps. Run directories, checkpoints (``step_N``), ``train.max_steps``
+and the ES<->GRPO budget split all count updates; TRL's ``global_step`` counts optimizer
+steps (``optimizer_steps`` in metrics.jsonl).
+
+Epochs: TRL's sampler shuffles per epoch and drops the last partial batch (as verl does),
+so an epoch is floor(N / B) updates, while ES keeps the tail (ceil(N / B)). On GSM8K
+(N = 7,473, B = 64) that is 116 vs 117 updates per epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from esreason.errors import UserError
+from esreason.grpo.config import GRPORunConfig
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """TRL batch settings for one run (all counts are per process; esreason runs one process)."""
+
+    prompts_per_update: int
+    """B: prompts in one rollout batch."""
+    generations: int
+    """G: responses per prompt."""
+    prompts_per_optimizer_step: int
+    """Mini-batch in prompts."""
+    sequences_per_micro_batch: int
+    """TRL per_device_train_batch_size."""
+    updates_per_epoch: int
+    """floor(N / B)."""
+    total_updates: int
+    """T: train.max_steps, or epochs x updates_per_epoch."""
+
+    @property
+    def optimizer_steps_per_update(self) -> int:
+        return self.prompts_per_update // self.prompts_per_optimizer_step
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.prompts_per_optimizer_step * self.generations // self.sequences_per_micro_batch
+
+    @property
+    def steps_per_generation(self) -> int:
+        return self.prompts_per_update * self.generations // self.sequences_per_micro_batch
+
+    @property
+    def sequences_per_update(self) -> int:
+        return self.prompts_per_update * self.generations
+
+    @property
+    def total_optimizer_steps(self) -> int:
+        return self.total_updates * self.optimizer_steps_per_update
+
+    def update_of(self, optimizer_step: int) -> int:
+        """The update index T reached after TRL's ``global_step`` optimizer steps."""
+        return optimizer_step // self.optimizer_steps_per_update
+
+    def is_update_boundary(self, optimizer_step: int) -> bool:
+        return optimizer_step % self.optimizer_steps_per_update == 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompts_per_update": self.prompts_per_update,
+            "generations": self.generations,
+            "sequences_per_update": self.sequences_per_update,
+            "prompts_per_optimizer_step": self.prompts_per_optimizer_step,
+            "optimizer_steps_per_update": self.optimizer_steps_per_update,
+            "sequences_per_micro_batch": self.sequences_per_micro_batch,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "steps_per_generation": self.steps_per_generation,
+            "updates_per_epoch": self.updates_per_epoch,
+            "total_updates": self.total_updates,
+            "total_optimizer_steps": self.total_optimizer_steps,
+        }
+
+
+def updates_per_epoch(num_problems: int, batch_size: int) -> int:
+    """Full rollout batches in one pass over ``num_problems`` (the tail is dropped)."""
+    return num_problems // batch_size
+
+
+def plan_batches(cfg: GRPORunConfig, num_problems: int) -> BatchPlan:
+    """The :class:`BatchPlan` of ``cfg`` on a training split of ``num_problems`` prompts.
+
+    Raises UserError (naming train.batch_size) when not even one full batch fits.
+    """
+    tr, g = cfg.train, cfg.grpo
+    per_epoch = updates_per_epoch(num_problems, tr.batch_size)
+    if per_epoch < 1:
+        raise UserError(f"config key 'train.batch_size': {tr.batch_size} prompts per update but the training "
+                        f"split of task {cfg.task!r} has only {num_problems} problems")
+    total = tr.max_steps if tr.max_steps is not None else tr.epochs * per_epoch
+    return BatchPlan(prompts_per_update=tr.batch_size, generations=g.num_generations,
+                     prompts_per_optimizer_step=g.mini_batch_size or tr.batch_size,
+                     sequences_per_micro_batch=g.micro_batch_size, updates_per_epoch=per_epoch,
+                     total_updates=total)
+
+
+__all__ = ["BatchPlan", "plan_batches", "updates_per_epoch"]
