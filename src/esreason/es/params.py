@@ -27,8 +27,8 @@ kept (in memory, for the current update only, up to that budget) so that
 ``apply_update`` does not draw them a second time. Directions are still defined by
 their seeds; the cache holds exactly the tensors ``direction()`` returns, is never
 written anywhere, and is emptied by every update. It removes half of the noise cost
-of an update (measured on the embedded default: overhead share 4.0% -> see
-benchmarks/es_step.py).
+of an update (benchmarks/es_step.py on the embedded default, N=16, B=32: the
+perturb + restore + update share of a step went from 4.0% to 2.4%).
 """
 
 from __future__ import annotations
