@@ -1,0 +1,38 @@
+"""FLOP accounting (paper appendix "ES-GRPO FLOP Matching")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from esreason.experiments.flops import compare, es_flops, estimate, grpo_flops
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_paper_matching_holds_at_n_32_g_8():
+    T, B, P, L = 234, 64, 1_543_714_304, 2048
+    assert es_flops(T, 32, B, P, L) == grpo_flops(T, B, 8, P, L)
+    assert es_flops(T, 16, B, P, L) == grpo_flops(T, B, 8, P, L) / 2
+
+
+def test_easy_es_config_estimate_uses_the_gsm8k_schedule():
+    est = estimate(ROOT / "configs/easy/es-qwen2.5-1.5b.yaml", length=512)
+    assert (est.method, est.updates, est.prompts, est.samples) == ("es", 234, 64, 32)  # 2 * ceil(7473/64)
+    assert est.flops == 2 * 234 * 32 * 64 * est.params * 512
+    assert compare([est])["matched"] is False  # a single config is never "matched"
+
+
+def test_demo_config_counts_parameters_of_the_embedded_default():
+    est = estimate(ROOT / "configs/demo/es.yaml")
+    assert est.params == 867_968 and est.updates == 30 and est.length == 64
+
+
+def test_cli_json():
+    proc = subprocess.run([sys.executable, "-m", "esreason.cli", "flops", "--config",
+                           str(ROOT / "configs/demo/es.yaml"), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["configs"][0]["method"] == "es" and "matched" in out
