@@ -177,3 +177,16 @@ def test_empty_dataset_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="task 'empty-task' split 'train' is empty"):
         run_es(load_config(None, ["task=empty-task"]), tmp_path / "r", progress=False)
     assert not (tmp_path / "r" / "metrics.jsonl").exists()   # nothing half-written
+
+
+def test_periodic_heldout_evaluation_is_logged(demo_dir, tmp_path):
+    cfg = small_cfg(demo_dir, "train.max_steps=2", "eval.every=2", "eval.tasks=[demo-add,demo-sub]",
+                    "eval.limit=3", "eval.samples=2", "eval.ks=[1,2]")
+    run_es(cfg, tmp_path / "r", progress=False)
+    rows = metrics(tmp_path / "r")
+    assert [r["step"] for r in rows] == [0, 1, 2]           # base model evaluated at step 0
+    for row in (rows[0], rows[2]):
+        for key in ("heldout/demo-add/pass@1", "heldout/demo-sub/pass@2", "heldout/demo-add/greedy_acc",
+                    "heldout/demo-sub/entropy", "heldout/pass@1"):
+            assert key in row, (key, sorted(row))
+    assert "heldout/pass@1" not in rows[1]
