@@ -20,8 +20,8 @@ def test_paper_matching_holds_at_n_32_g_8():
 
 def test_easy_es_config_estimate_uses_the_gsm8k_schedule():
     est = estimate(ROOT / "configs/easy/es-qwen2.5-1.5b.yaml", length=512)
-    assert (est.method, est.updates, est.prompts, est.samples) == ("es", 234, 64, 32)  # 2 * ceil(7473/64)
-    assert est.flops == 2 * 234 * 32 * 64 * est.params * 512
+    assert (est.method, est.updates, est.prompts, est.samples) == ("es", 232, 64, 32)  # max_steps = GRPO's T
+    assert est.flops == 2 * 232 * 32 * 64 * est.params * 512
     assert compare([est])["matched"] is False  # a single config is never "matched"
 
 
@@ -36,3 +36,16 @@ def test_cli_json():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["configs"][0]["method"] == "es" and "matched" in out
+
+
+def test_grpo_and_es_paper_configs_per_update_flops_match():
+    es = estimate(ROOT / "configs/easy/es-qwen2.5-1.5b.yaml", length=512)
+    grpo = estimate(ROOT / "configs/easy/grpo-qwen2.5-1.5b.yaml", length=512)
+    assert grpo.method == "grpo" and (grpo.prompts, grpo.samples) == (64, 8)
+    # N = 32 = 4G, D = B and T equal (both configs stop at GRPO's 2 * floor(7473/64) = 232 updates)
+    assert es.updates == grpo.updates == 2 * (7473 // 64)
+    assert compare([es, grpo])["matched"] is True
+    hard = [estimate(ROOT / f"configs/hard/{m}-deepseek-r1-distill-qwen-1.5b.yaml", length=8192) for m in ("es", "grpo")]
+    assert compare(hard)["matched"] is True
+    other_g = estimate(ROOT / "configs/easy/grpo-qwen2.5-1.5b.yaml", length=512)
+    assert compare([es, other_g])["matched"] and not compare([es, estimate(ROOT / "configs/demo/es.yaml")])["matched"]

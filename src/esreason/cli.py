@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train_es)
 
+    from esreason.grpo.run import register as register_grpo
+
+    register_grpo(train)
+
     from esreason.analysis.command import register as register_analysis
     from esreason.eval.command import register as register_eval
     from esreason.experiments.flops import register as register_flops

@@ -114,7 +114,13 @@ def estimate(config_path: str | Path, *, length: int | None = None, params: int 
     if cfg.train.max_steps:
         T = cfg.train.max_steps
     else:
-        T = cfg.train.epochs * math.ceil(train_size(cfg.task, cfg.data_path, cfg.train.split, cfg.train.limit) / B)
+        n = train_size(cfg.task, cfg.data_path, cfg.train.split, cfg.train.limit)
+        if method == "grpo":  # TRL and verl drop the last partial rollout batch
+            from esreason.grpo.plan import updates_per_epoch
+
+            T = cfg.train.epochs * updates_per_epoch(n, B)
+        else:                 # ES keeps the tail (paper procedure step 1)
+            T = cfg.train.epochs * math.ceil(n / B)
     P = params if params is not None else count_parameters(cfg.model)
     L = length if length is not None else cfg.generation.max_new_tokens
     flops = es_flops(T, samples, B, P, L) if method == "es" else grpo_flops(T, B, samples, P, L)

@@ -1,0 +1,160 @@
+"""TrainerCallbacks that write the esreason run directory from inside TRL's training loop.
+
+transformers calls, after every optimizer step: ``on_step_end``, then (via
+``_maybe_log_save_evaluate``) ``on_log`` when a log is due and ``on_save`` right after TRL
+wrote ``RUN/trl/checkpoint-<global_step>``. With ``logging_steps`` and ``save_steps``
+multiples of the optimizer steps per update (:func:`esreason.grpo.trainer.build_trl_args`),
+every log and save falls on an update boundary, so:
+
+- :class:`HeldoutCallback` evaluates the held-out set at update 0 and every ``eval.every``
+  updates (``on_step_end``), with the same code path as ES (``esreason.es.run.make_heldout``
+  -> ``esreason.eval.evaluate_problems``): entropy, Pass@1, Pass@K of the current policy;
+- :class:`MetricsCallback` writes one metrics.jsonl row per update (``on_log``): TRL's
+  metrics (``entropy``, ``kl``, ``clip_ratio/*``, ``loss``, ``grad_norm``, ``reward``,
+  ``completions/*``, ...), our task metrics (``reward/mean``, ``accuracy/mean``,
+  ``format/mean``), ``optimizer_steps``, ``time/step`` (wall seconds of the update, held-out
+  evaluation excluded), and the held-out metrics with ``time/heldout``;
+- :class:`CheckpointCallback` writes ``RUN/checkpoints/step_N`` (HF format + tokenizer +
+  ``grpo_state.json``) atomically (``on_save``), after TRL's own checkpoint, so a complete
+  ``step_N`` implies a complete TRL state to resume from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from transformers import TrainerCallback
+
+from esreason.grpo.plan import BatchPlan
+
+GRPO_STATE_FILE = "grpo_state.json"
+TRL_DIR = "trl"
+
+
+def trl_checkpoint_name(optimizer_steps: int) -> str:
+    """TRL's checkpoint directory name under RUN/trl for ``global_step`` = ``optimizer_steps``."""
+    return f"checkpoint-{optimizer_steps}"
+
+
+class HeldoutCallback(TrainerCallback):
+    """Periodic held-out evaluation; results wait in :meth:`pop` for the update's metrics row.
+
+    heldout: ``heldout(update) -> {"heldout/...": float}`` (``make_heldout``); every: eval.every;
+    logger: receives the update-0 row directly (there is no TRL log at update 0).
+    """
+
+    def __init__(self, heldout: Callable[[int], dict[str, float]], every: int, plan: BatchPlan,
+                 model: Any, logger: Any) -> None:
+        if every < 1:
+            raise ValueError(f"held-out evaluation needs eval.every >= 1, got {every}")
+        self.heldout, self.every, self.plan = heldout, every, plan
+        self.model, self.logger = model, logger
+        self._pending: dict[str, float] = {}
+
+    def _evaluate(self, update: int) -> dict[str, float]:
+        was_training = self.model.training
+        self.model.eval()
+        t0 = time.perf_counter()
+        try:
+            out = dict(self.heldout(update))
+        finally:
+            self.model.train(was_training)
+        out["time/heldout"] = time.perf_counter() - t0
+        return out
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 0:
+            self.logger.log(0, self._evaluate(0))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step
+        if self.plan.is_update_boundary(step) and self.plan.update_of(step) % self.every == 0:
+            self._pending = self._evaluate(self.plan.update_of(step))
+
+    def pop(self) -> dict[str, float]:
+        out, self._pending = self._pending, {}
+        return out
+
+
+class MetricsCallback(TrainerCallback):
+    """One metrics.jsonl row per update from TRL's logs (non-numeric and None values dropped)."""
+
+    def __init__(self, plan: BatchPlan, logger: Any, heldout: HeldoutCallback | None = None,
+                 bar: Any = None) -> None:
+        self.plan, self.logger, self.heldout, self.bar = plan, logger, heldout, bar
+        self._t_last = time.perf_counter()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._t_last = time.perf_counter()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._t_last = time.perf_counter()  # checkpoint writing is not part of the next update
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if not logs or "train_runtime" in logs:  # the end-of-training summary, not an update
+            return
+        step = state.global_step
+        if not self.plan.is_update_boundary(step):
+            raise RuntimeError(f"TRL logged at optimizer step {step}, inside an update "
+                               f"({self.plan.optimizer_steps_per_update} optimizer steps per update)")
+        now = time.perf_counter()
+        row: dict[str, Any] = {k: float(v) for k, v in logs.items()
+                               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        row["optimizer_steps"] = step
+        if self.heldout is not None:
+            row.update(self.heldout.pop())
+        # Wall time of the update itself (rollouts, scoring, optimizer steps), without held-out
+        # evaluation and checkpoint writing (as ES's time/step).
+        row["time/step"] = now - self._t_last - row.get("time/heldout", 0.0)
+        self.logger.log(self.plan.update_of(step), row)
+        self._t_last = time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(1)
+            postfix = {"reward": row.get("reward/mean"), "acc": row.get("accuracy/mean"),
+                       "kl": row.get("kl"), "H": row.get("entropy")}
+            self.bar.set_postfix({k: f"{v:.3g}" for k, v in postfix.items() if v is not None})
+
+
+class CheckpointCallback(TrainerCallback):
+    """Writes RUN/checkpoints/step_N after TRL saved RUN/trl/checkpoint-<global_step>.
+
+    save: ``save(update, state_dict) -> Path`` writes the HF checkpoint with ``grpo_state.json``.
+    """
+
+    def __init__(self, plan: BatchPlan, save: Callable[[int, dict[str, Any]], Path], train_seed: int) -> None:
+        self.plan, self.save, self.train_seed = plan, save, train_seed
+        self.last: Path | None = None
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step
+        if not self.plan.is_update_boundary(step):
+            raise RuntimeError(f"TRL saved at optimizer step {step}, inside an update")
+        update = self.plan.update_of(step)
+        trl_ckpt = Path(args.output_dir) / trl_checkpoint_name(step)
+        if not (trl_ckpt / "trainer_state.json").is_file():
+            raise RuntimeError(f"TRL checkpoint {trl_ckpt} is missing after on_save")
+        grpo_state = {
+            "step": update,
+            "optimizer_steps": step,
+            "trl_checkpoint": f"{TRL_DIR}/{trl_checkpoint_name(step)}",
+            "epoch": state.epoch,
+            "total_updates": self.plan.total_updates,
+            "train_seed": self.train_seed,
+            "plan": self.plan.as_dict(),
+        }
+        self.last = self.save(update, grpo_state)
+
+
+def write_hf_checkpoint(directory: Path, model: Any, tokenizer: Any, grpo_state: dict[str, Any]) -> None:
+    """Model + tokenizer in Hugging Face format, plus grpo_state.json, into ``directory``."""
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (Path(directory) / GRPO_STATE_FILE).write_text(json.dumps(grpo_state, indent=2))
+
+
+__all__ = ["CheckpointCallback", "GRPO_STATE_FILE", "HeldoutCallback", "MetricsCallback", "TRL_DIR",
+           "trl_checkpoint_name", "write_hf_checkpoint"]

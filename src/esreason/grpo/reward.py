@@ -1,0 +1,61 @@
+"""The task reward as a TRL reward function: the same verifier and reward levels as ES.
+
+TRL calls a reward function with keyword arguments ``prompts``, ``completions``,
+``completion_ids``, every extra dataset column (here ``problem_index``), ``trainer_state``,
+``log_extra`` and ``log_metric``, and expects one float per completion. We decode the
+completion token ids ourselves with :func:`esreason.embedded.safe_decode` (special tokens
+dropped, ids the vocabulary never assigned dropped), exactly as the ES sampler decodes its
+responses, and score the text with the task's verifier against the problem's gold object:
+1 correct, ``format_reward`` formatted but wrong, 0 otherwise (paper appendix
+"Implementation-Level Training Procedure").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from esreason.embedded import safe_decode
+from esreason.tasks.base import Problem
+from esreason.verifiers.base import Verdict
+
+PROBLEM_COLUMN = "problem_index"
+
+
+class TaskReward:
+    """Callable reward ``(completion_ids, problem_index, ...) -> list[float]``.
+
+    problems: the training split (``problem_index`` indexes it); tokenizer: decodes the
+    completion ids; scorer: the task verifier ``score(text, gold) -> Verdict``.
+    Per call it reports, through TRL's ``log_metric``, ``accuracy/mean`` (verifier-correct),
+    ``format/mean`` (final-answer format followed), ``reward/mean`` and ``reward/std``
+    (population std over the rollout batch) — the keys ES logs.
+    """
+
+    __name__ = "task_reward"  # TRL names the reward column after the callable
+
+    def __init__(self, problems: Sequence[Problem], tokenizer: Any, scorer: Callable[[str, Any], Verdict]) -> None:
+        self.problems = list(problems)
+        self.tokenizer = tokenizer
+        self.scorer = scorer
+
+    def verdicts(self, completion_ids: Sequence[Sequence[int]], problem_index: Sequence[int]) -> list[Verdict]:
+        if len(completion_ids) != len(problem_index):
+            raise ValueError(f"{len(completion_ids)} completions but {len(problem_index)} problem indices")
+        texts = [safe_decode(self.tokenizer, ids) for ids in completion_ids]
+        return [self.scorer(text, self.problems[int(i)].gold) for text, i in zip(texts, problem_index)]
+
+    def __call__(self, *, completion_ids: Sequence[Sequence[int]], problem_index: Sequence[int],
+                 log_metric: Callable[[str, float], None] | None = None, **_: Any) -> list[float]:
+        verdicts = self.verdicts(completion_ids, problem_index)
+        rewards = np.array([v.reward for v in verdicts], dtype=np.float64)
+        if log_metric is not None and len(verdicts):
+            log_metric("reward/mean", float(rewards.mean()))
+            log_metric("reward/std", float(rewards.std()))
+            log_metric("accuracy/mean", float(np.mean([v.correct for v in verdicts])))
+            log_metric("format/mean", float(np.mean([v.formatted for v in verdicts])))
+        return [float(r) for r in rewards]
+
+
+__all__ = ["PROBLEM_COLUMN", "TaskReward"]

@@ -1,0 +1,266 @@
+"""Build a GRPO run from a :class:`GRPORunConfig` and execute it (``esreason train grpo``).
+
+Run directory (the same contract as ES, DESIGN §1)::
+
+    RUN/config.yaml  manifest.json  metrics.jsonl  tensorboard/
+    RUN/checkpoints/step_N/   HF model + tokenizer + grpo_state.json (N counts updates)
+    RUN/trl/checkpoint-M/     TRL's resume state (optimizer, scheduler, RNG, data position),
+                              M = N x optimizer steps per update; newest checkpoint.keep_trainer_states kept
+
+``--resume`` continues from the newest ``step_N`` whose paired TRL checkpoint exists.
+TRL restores the weights, AdamW moments, scheduler, data position and RNG states; the
+data order is a pure function of (train.seed, epoch), so the resumed run trains on the
+same batches with the same rollouts as an uninterrupted one (tests/test_grpo_run.py
+checks bit-identical final weights on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from esreason.errors import UserError
+from esreason.grpo.config import GRPORunConfig
+from esreason.grpo.plan import BatchPlan
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class GRPOResult:
+    """steps: updates completed (T); final_checkpoint: path of the last HF checkpoint."""
+
+    steps: int
+    final_checkpoint: Path | None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    step: int
+    checkpoint: Path
+    trl_checkpoint: Path
+    optimizer_steps: int
+
+
+def find_resume_point(out: Path) -> ResumePoint | None:
+    """Newest complete RUN/checkpoints/step_N with its TRL checkpoint; None if there is no checkpoint.
+
+    Raises UserError when checkpoints exist but none has its TRL state (the optimizer state
+    is needed for an exact resume).
+    """
+    from esreason.grpo.callbacks import GRPO_STATE_FILE
+    from esreason.io import RunDir
+
+    ckpts = RunDir(out).list_checkpoints()
+    for step, path in reversed(ckpts):
+        state_file = path / GRPO_STATE_FILE
+        if not state_file.is_file():
+            raise UserError(f"checkpoint {path} has no {GRPO_STATE_FILE}: not a GRPO run directory")
+        state = json.loads(state_file.read_text())
+        if state.get("step") != step:
+            raise UserError(f"checkpoint {path}: {GRPO_STATE_FILE} says step {state.get('step')}")
+        trl_ckpt = out / state["trl_checkpoint"]
+        if (trl_ckpt / "trainer_state.json").is_file():
+            return ResumePoint(step, path, trl_ckpt, int(state["optimizer_steps"]))
+    if ckpts:
+        raise UserError(f"{out}: no checkpoint has its trainer state under {out / 'trl'} "
+                        "(optimizer and data position); cannot resume exactly")
+    return None
+
+
+def _drop_newer_trl_states(trl_dir: Path, optimizer_steps: int) -> None:
+    """Remove TRL checkpoints newer than the resume point (written before a crash, never paired)."""
+    from esreason.io import remove_directory
+
+    if not trl_dir.is_dir():
+        return
+    for entry in trl_dir.iterdir():
+        name = entry.name
+        if entry.is_dir() and name.startswith("checkpoint-") and name[len("checkpoint-"):].isdigit():
+            if int(name[len("checkpoint-"):]) > optimizer_steps:
+                remove_directory(entry)
+
+
+def _check_fresh(out: Path) -> None:
+    for sub in ("metrics.jsonl", "checkpoints", "trl"):
+        if (out / sub).exists():
+            raise UserError(f"run directory {out} already holds a run ({sub}); pass --resume to continue it "
+                            "or choose another --output")
+
+
+def _check_device(cfg: GRPORunConfig) -> None:
+    import importlib.util
+
+    import torch
+
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"config key 'device': {cfg.device!r} but no CUDA device is available")
+    if cfg.grpo.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise UserError("config key 'grpo.use_vllm': vLLM is not installed (pip install 'trl[vllm]==1.16.0')")
+
+
+def _build_dataset(problems: list[Any]) -> Any:
+    from datasets import Dataset
+
+    from esreason.grpo.reward import PROBLEM_COLUMN
+
+    rows = [{"prompt": [dict(m) for m in p.messages], PROBLEM_COLUMN: i} for i, p in enumerate(problems)]
+    return Dataset.from_list(rows)
+
+
+def _prepare_run_dir(out: Path, cfg: GRPORunConfig, resume: bool) -> ResumePoint | None:
+    """Fresh run: refuse a directory that holds one. Resume: same config, stale temporaries and
+    unpaired TRL states removed, and the point to continue from (None: start over)."""
+    from esreason.es.run import _check_resume_config
+    from esreason.grpo.callbacks import TRL_DIR
+    from esreason.io import RunDir, clean_stale_tmp
+
+    if not resume:
+        _check_fresh(out)
+        return None
+    _check_resume_config(out, cfg)
+    run_dir = RunDir(out)
+    if run_dir.checkpoints_dir.exists():
+        clean_stale_tmp(run_dir.checkpoints_dir)
+    point = find_resume_point(out)
+    _drop_newer_trl_states(out / TRL_DIR, point.optimizer_steps if point else 0)
+    return point
+
+
+def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchPlan,
+                  trl_kwargs: dict[str, Any]) -> None:
+    """RUN/config.yaml and RUN/manifest.json (with the batch plan and every TRL argument)."""
+    import yaml
+
+    from esreason.backends.hf import resolve_model_path
+    from esreason.config import to_dict
+    from esreason.grpo.trainer import TRL_VERSION
+    from esreason.io import build_manifest, write_manifest
+    from esreason.io.atomic import atomic_write_text
+
+    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    resolved = resolve_model_path(cfg.model)
+    model_dir = resolved if Path(resolved).is_dir() else None  # hub ids are not hashed
+    manifest = build_manifest(to_dict(cfg), seeds={"train.seed": cfg.train.seed}, model_dir=model_dir,
+                              datasets={cfg.task: f"{num_problems} problems, split {cfg.train.split}"})
+    manifest["trainer"] = {"backend": "trl.GRPOTrainer", "trl_version": TRL_VERSION,
+                           "batch_plan": plan.as_dict(), "trl_args": trl_kwargs}
+    write_manifest(out, manifest)
+
+
+def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, progress: bool = True) -> GRPOResult:
+    """Train with GRPO according to ``cfg`` into run directory ``output``."""
+    from esreason import tasks, verifiers
+    from esreason.backends.hf import load_model
+    from esreason.backends.sampling import Sampler
+    from esreason.es.run import make_heldout
+    from esreason.grpo import callbacks as cb
+    from esreason.grpo.plan import plan_batches
+    from esreason.grpo.reward import TaskReward
+    from esreason.grpo.trainer import PaperGRPOTrainer, build_trl_args, check_trl_version, make_grpo_config
+    from esreason.io import MetricsLogger, RunDir, atomic_directory, progress_bar
+
+    check_trl_version()
+    _check_device(cfg)
+    out = Path(output)
+    run_dir = RunDir(out)
+    point = _prepare_run_dir(out, cfg, resume)
+
+    # Task data first: a bad dataset fails before the model is loaded.
+    task = tasks.get(cfg.task)
+    problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
+    plan = plan_batches(cfg, len(problems))
+    scorer = verifiers.get(task.verifier, format_reward=cfg.grpo.format_reward)
+    # The starting model (and KL reference); on resume TRL loads the checkpoint's weights into it.
+    model, tokenizer = load_model(cfg.model, cfg.dtype, cfg.device)
+    trl_kwargs = build_trl_args(cfg, plan, out / cb.TRL_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume or not (out / CONFIG_FILE).exists():
+        _write_header(out, cfg, len(problems), plan, trl_kwargs)
+
+    def save(update: int, grpo_state: dict[str, Any]) -> Path:
+        final = run_dir.checkpoint_path(update)
+        with atomic_directory(final) as tmp:
+            cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state)
+        if cfg.checkpoint.keep_last is not None:
+            run_dir.prune_checkpoints(cfg.checkpoint.keep_last)
+        return final
+
+    start = point.step if point else 0
+    truncate_after = (start if point else -1) if resume else None
+    with MetricsLogger(out, truncate_after=truncate_after) as logger:
+        bar = progress_bar(total=plan.total_updates, desc="GRPO", disable=None if progress else True,
+                           initial=start)
+        # make_heldout reads only task/data/eval/generation/train.seed, which GRPORunConfig shares with
+        # RunConfig: the held-out evaluation is the ES code path, on the policy TRL is training.
+        sampler = Sampler(model, tokenizer, batch_size=cfg.generation.batch_size)
+        heldout_fn = make_heldout(cfg, sampler, tokenizer)  # type: ignore[arg-type]
+        heldout = cb.HeldoutCallback(heldout_fn, cfg.eval.every, plan, model, logger) if heldout_fn else None
+        checkpoints = cb.CheckpointCallback(plan, save, cfg.train.seed)
+        # Order matters within an event: the checkpoint is written before the metrics timer restarts.
+        callbacks = [c for c in (heldout, checkpoints, cb.MetricsCallback(plan, logger, heldout, bar)) if c]
+        trainer = PaperGRPOTrainer(
+            model=model, reward_funcs=TaskReward(problems, tokenizer, scorer), args=make_grpo_config(trl_kwargs),
+            train_dataset=_build_dataset(problems), processing_class=tokenizer, callbacks=callbacks,
+            standardize_advantages=cfg.grpo.standardize_advantages)
+        _remove_console_callbacks(trainer)
+        try:
+            with warnings.catch_warnings():
+                # TRL 1.16 reads a property transformers 5.23 renamed; nothing for users to act on.
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                        category=FutureWarning)
+                trainer.train(resume_from_checkpoint=str(point.trl_checkpoint) if point else None)
+        finally:
+            bar.close()
+    final = checkpoints.last
+    if final is None:  # resuming a finished run: nothing was trained or saved
+        latest = run_dir.latest_checkpoint()
+        final = latest[1] if latest else None
+    return GRPOResult(plan.total_updates, final)
+
+
+def _remove_console_callbacks(trainer: Any) -> None:
+    """Drop transformers' tqdm bar and stdout log printer: our progress bar and metrics.jsonl replace them."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _default_output(config: str | None) -> Path:
+    return Path("runs") / (Path(config).stem if config else "grpo")
+
+
+def _cmd_train_grpo(args: argparse.Namespace) -> int:
+    from esreason.grpo.config import load_grpo_config
+
+    cfg = load_grpo_config(args.config, args.set or [])
+    output = Path(args.output) if args.output else _default_output(args.config)
+    result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress)
+    print(f"GRPO run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
+    print(f"run directory: {output}")
+    return 0
+
+
+def register(train_subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``grpo`` to the ``esreason train`` sub-commands (same flags as ``train es``)."""
+    p = train_subparsers.add_parser(
+        "grpo", help="GRPO comparator on TRL's GRPOTrainer (paper §'GRPO Fine-tuning')")
+    p.add_argument("--config", help="YAML run config (e.g. configs/demo/grpo.yaml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key with a dotted name, e.g. --set grpo.beta=0 (repeatable)")
+    p.add_argument("--output", help="run directory (default: runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_train_grpo)
+    return p
+
+
+__all__ = ["GRPOResult", "ResumePoint", "find_resume_point", "register", "run_grpo"]

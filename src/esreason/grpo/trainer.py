@@ -1,0 +1,224 @@
+"""TRL wiring: the paper's GRPO on ``trl.GRPOTrainer`` (pinned: trl==1.16.0).
+
+Every GRPOConfig field that changes the optimisation is set explicitly by
+:func:`build_trl_args` (TRL's defaults drift between releases and several differ from the
+paper: ``loss_type="dapo"``, ``beta=0``, ``scale_rewards`` with Bessel's correction plus
+1e-4, ``use_bias_correction_kl=True``, ``bf16=True``, activation checkpointing on,
+a linearly decaying learning rate, no weight decay).
+
+:class:`PaperGRPOTrainer` changes three things in TRL's trainer:
+
+1. **Advantages** are recomputed with :func:`esreason.grpo.objective.group_advantages`
+   from the rewards TRL gathered: population std (ddof 0) as the paper defines s_G, and
+   exactly 0 for all-equal groups (TRL divides by the ddof-1 std + 1e-4). TRL's
+   ``reward_std`` / ``frac_reward_zero_std`` metrics are left as TRL computes them; our
+   ``reward/std`` is the population std.
+2. **Data order** is a pure function of (train.seed, epoch) (:class:`EpochSeededRepeatSampler`);
+   TRL's sampler advances one generator across epochs, so a run resumed in epoch e > 0 would
+   replay epoch 0's order.
+3. Nothing else: generation, the loss, KL, clipping, logging and checkpointing are TRL's.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import RepeatSampler
+
+from esreason.grpo.config import GRPORunConfig
+from esreason.grpo.objective import group_advantages
+from esreason.grpo.plan import BatchPlan
+
+TRL_VERSION = "1.16.0"
+
+
+def check_trl_version() -> None:
+    """Refuse to run on another TRL release: the explicit settings below are checked against 1.16.0."""
+    import trl
+
+    from esreason.errors import UserError
+
+    if trl.__version__ != TRL_VERSION:
+        raise UserError(f"esreason's GRPO needs trl=={TRL_VERSION} (installed: {trl.__version__}); "
+                        f"run `pip install trl=={TRL_VERSION}`")
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """63-bit seed of the data order of ``epoch`` (numpy SeedSequence, domain-separated)."""
+    state = np.random.SeedSequence([seed, 0x6A5F0, epoch]).generate_state(1, dtype=np.uint64)[0]
+    return int(state) >> 1
+
+
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's RepeatSampler whose permutation is a function of (seed, epoch), set by ``set_epoch``
+    (transformers' Trainer calls it through accelerate's DataLoaderShard before every epoch)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self):  # type: ignore[override]
+        if self.shuffle:
+            self.generator.manual_seed(epoch_seed(self.seed or 0, self.epoch))
+        return super().__iter__()
+
+
+class PaperGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer with the paper's advantages (ddof 0) and an epoch-seeded data order.
+
+    standardize_advantages: grpo.standardize_advantages (False: r - mean only).
+    """
+
+    def __init__(self, *args: Any, standardize_advantages: bool = True, **kwargs: Any) -> None:
+        self.standardize_advantages = standardize_advantages
+        self._last_rewards_per_func: torch.Tensor | None = None
+        super().__init__(*args, **kwargs)
+
+    def _get_train_sampler(self, dataset: Any = None) -> EpochSeededRepeatSampler:
+        return EpochSeededRepeatSampler(
+            data_source=self.train_dataset if dataset is None else dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+        )
+
+    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> torch.Tensor:
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func  # [N_global, n_funcs], gathered over processes
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        # Sampling, scoring, and the old/reference log-prob forwards of one rollout batch.
+        self._metrics[mode]["time/rollout"].append(time.perf_counter() - t0)
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        rewards_per_func = self._last_rewards_per_func
+        if rewards_per_func is None:
+            raise RuntimeError("TRL did not compute rewards before the advantages")
+        weights = self.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights.unsqueeze(0)).sum(dim=1)  # [N_global]
+        advantages = group_advantages(rewards, group, standardize=self.standardize_advantages)  # [N_global] f64
+        n_local = output["advantages"].size(0)
+        start = self.accelerator.process_index * n_local
+        local = advantages[start:start + n_local]
+        output["advantages"] = local.to(device=output["advantages"].device, dtype=output["advantages"].dtype)
+        # TRL's completion log keeps the generation batch's advantages; show the ones we train on.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(logged), advantages.numel())):
+            logged.pop()
+        logged.extend(advantages.tolist())
+        self._last_rewards_per_func = None
+        return output
+
+
+def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) -> dict[str, Any]:
+    """Keyword arguments for ``trl.GRPOConfig``: every setting that affects the run, explicit.
+
+    Returned as a dict so the manifest records exactly what TRL was given.
+    """
+    g, gen, ck = cfg.grpo, cfg.generation, cfg.checkpoint
+    k = plan.optimizer_steps_per_update
+    save_every = (ck.every if ck.every else plan.total_updates) * k
+    warmup = g.warmup_updates * k
+    scheduler = g.lr_scheduler
+    if scheduler == "constant" and warmup:
+        scheduler = "constant_with_warmup"
+    on_cpu = cfg.device == "cpu"
+    return {
+        "output_dir": str(output_dir),
+        # batching (plan.py): one update = one rollout batch of B prompts x G responses
+        "per_device_train_batch_size": plan.sequences_per_micro_batch,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "steps_per_generation": plan.steps_per_generation,
+        "num_generations": g.num_generations,
+        "num_iterations": 1,
+        "max_steps": plan.total_optimizer_steps,
+        "num_train_epochs": float(cfg.train.epochs),  # not used: max_steps wins
+        "shuffle_dataset": True,
+        "seed": cfg.train.seed,
+        "data_seed": None,
+        "dataloader_num_workers": 0,
+        "remove_unused_columns": False,
+        # the paper's objective
+        "loss_type": "grpo",
+        "importance_sampling_level": "token",
+        "epsilon": g.epsilon,
+        "epsilon_high": g.epsilon if g.epsilon_high is None else g.epsilon_high,
+        "delta": None,
+        "beta": g.beta,
+        "use_bias_correction_kl": g.kl_ratio_correction,
+        "scale_rewards": "group" if g.standardize_advantages else "none",  # replaced by ours (ddof 0)
+        "multi_objective_aggregation": "sum_then_normalize",
+        "reward_weights": [1.0],
+        "mask_truncated_completions": g.mask_truncated_completions,
+        "top_entropy_quantile": 1.0,
+        "entropy_coef": 0.0,
+        "use_adaptive_entropy": False,
+        "off_policy_mask_threshold": None,
+        "sync_ref_model": False,
+        "disable_dropout": True,
+        "cast_lm_head_to_fp32": False,
+        # optimizer (unstated in the paper: verl's actor defaults)
+        "learning_rate": g.learning_rate,
+        "optim": "adamw_torch",
+        "weight_decay": g.weight_decay,
+        "adam_beta1": g.adam_beta1,
+        "adam_beta2": g.adam_beta2,
+        "adam_epsilon": g.adam_epsilon,
+        "max_grad_norm": g.max_grad_norm,
+        "lr_scheduler_type": scheduler,
+        "warmup_steps": warmup,
+        # rollouts
+        "temperature": gen.temperature,
+        "top_p": gen.top_p,
+        "top_k": 0,
+        "min_p": None,
+        "repetition_penalty": 1.0,
+        "max_completion_length": gen.max_new_tokens,
+        "generation_kwargs": None,
+        "use_vllm": g.use_vllm,
+        "vllm_mode": "colocate",
+        "vllm_importance_sampling_correction": False,  # verl recomputes old log-probs; no vLLM-vs-trainer IS
+        "use_transformers_continuous_batching": False,
+        "pad_to_multiple_of": None,
+        # precision and device
+        "use_cpu": on_cpu,
+        "bf16": g.bf16,
+        "fp16": False,
+        "activation_checkpointing": g.gradient_checkpointing,
+        # logging and checkpoints: one log row per update; TRL states paired with our step_N
+        "logging_strategy": "steps",
+        "logging_steps": k,
+        "logging_first_step": False,
+        "log_completions": False,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "save_strategy": "steps",
+        "save_steps": save_every,
+        "save_total_limit": ck.keep_trainer_states,
+        "save_only_model": False,
+        "eval_strategy": "no",
+        "ignore_data_skip": False,
+    }
+
+
+
+def make_grpo_config(kwargs: dict[str, Any]) -> GRPOConfig:
+    """``trl.GRPOConfig(**kwargs)`` (kwargs from :func:`build_trl_args`)."""
+    return GRPOConfig(**kwargs)
+
+
+__all__ = ["EpochSeededRepeatSampler", "PaperGRPOTrainer", "TRL_VERSION", "build_trl_args", "check_trl_version",
+           "epoch_seed", "make_grpo_config"]
