@@ -1,6 +1,6 @@
 """ES (z-score, one-point) improves the embedded default; a shuffled-reward control does not.
 
-This is the Foundation issue's acceptance check, on the settings of `esreason demo`
+This is the Foundation issue's acceptance check, on the shipped demo ES config
 (configs/demo/es.yaml: N=16, B=32, sigma 2e-3, alpha 1e-3, 30 updates; about two CPU
 minutes per run). Greedy accuracy is measured on 200 held-out test problems of the
 training family, sampled Pass@1 with 8 samples at temperature 0.6.
@@ -8,14 +8,23 @@ training family, sampled Pass@1 with 8 samples at temperature 0.6.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from esreason import tasks
 from esreason.backends.hf import load_model
 from esreason.backends.sampling import Sampler
-from esreason.demo import demo_config
+from esreason.config import load_config
 from esreason.es.run import run_es
 from esreason.eval import evaluate_problems
+
+DEMO_ES = Path(__file__).resolve().parents[1] / "configs" / "demo" / "es.yaml"
+
+
+def demo_config(extra: tuple[str, ...] = ()):
+    return load_config(DEMO_ES, extra)
+
 
 # Two 30-update ES runs and three evaluations: ~5 minutes on 2 idle cores, far more when the
 # machine is shared, so this module gets a longer limit than the suite's default 600 s.

@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     from esreason.grpo.run import register as register_grpo
 
     register_grpo(train)
+    from esreason.experiments.sequence import register as register_sequence
+
+    register_sequence(train)
 
     from esreason.analysis.command import register as register_analysis
     from esreason.eval.command import register as register_eval
@@ -95,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     register_eval(sub)
     register_analysis(sub)
     register_flops(sub)
+    from esreason.report.command import register as register_report
+    register_report(sub)
+    from esreason.experiments.command import register as register_experiment
+
+    register_experiment(sub)
     return parser
 
 

@@ -69,6 +69,13 @@ class ESConfig:
     reward_control: Literal["none", "shuffle"] = "none"
     """'shuffle' permutes member rewards before shaping (a seeded control that detaches
     rewards from directions: ES should then not improve). 'none' for real training."""
+    perturbation: Literal["full", "lowrank"] = "full"
+    """full (paper): a dense Gaussian direction per tensor. lowrank: EGGROLL-style
+    directions A B^T / sqrt(rank) for matrices (vectors stay dense); see docs/es.md,
+    "Low-rank perturbations"."""
+    rank: int = 1
+    """Rank r of the low-rank directions (``perturbation: lowrank`` only); clamped per matrix
+    to min(rows, cols), with the 1/sqrt scale of the clamped rank."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,42 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class BackendConfig:
+    """Where the population is evaluated (issue "Scale-out and speed"; docs/scale.md)."""
+
+    type: Literal["hf", "batched", "ray", "vllm"] = "hf"
+    """hf: one in-process transformers model, members one at a time (the reference).
+    batched: many members in one batched forward (small models). ray: a pool of engine
+    actors (HF on CPU, vLLM on GPUs). vllm: one in-process vLLM engine (GPU)."""
+    engines: int = 1
+    """Engines in the pool (``ray``); 1 for the in-process backends."""
+    ray_address: str | None = None
+    """Address of an existing Ray cluster (``ray``); None starts a local Ray instance."""
+    population_batch: int = 0
+    """batched: members per batched forward (0 = the whole population)."""
+    check_every: int = 10
+    """ray/vllm: compare the engines' weight checksums with the trainer's centre every this
+    many updates and re-load engines that differ (0 = never)."""
+
+
+@dataclass(frozen=True)
+class CoverageConfig:
+    """Population coverage diagnostics during ES (paper Lemmas 1-3, Proposition 1; docs/coverage.md)."""
+
+    every: int = 0
+    """Measure after every this many updates (0 = off). Costs 3 * N * samples * prompts extra
+    responses per measured update (members, centre, updated centre); the training trajectory is unchanged (tested)."""
+    prompts: int = 8
+    """Prompts of the update's mini-batch used for the diagnostics."""
+    samples: int = 4
+    """Sampled responses S per member and prompt, to estimate each member's success rate p_i
+    (the centre and theta+ get N*S each). S >= 2 is needed for the unbiased between-member
+    variance; the plug-in JS_succ has a finite-sample floor of about (1 - 1/N) / (2S) nats."""
+    temperature: float = 1.0
+    """Sampling temperature of those responses (the policy pi whose p_i is measured)."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """A complete ES run."""
 
@@ -158,6 +201,8 @@ class RunConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    coverage: CoverageConfig = field(default_factory=CoverageConfig)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -199,6 +244,22 @@ def validate(cfg: RunConfig) -> None:
     _require(len(ev.ks) > 0 and all(1 <= k <= ev.samples for k in ev.ks), "eval.ks",
              f"each K must be in [1, eval.samples={ev.samples}] (got {list(ev.ks)})")
     _require(ev.limit is None or ev.limit >= 1, "eval.limit", f"must be >= 1 (got {ev.limit})")
+    _require(es.rank >= 1, "es.rank", f"must be >= 1 (got {es.rank})")
+    be, cov = cfg.backend, cfg.coverage
+    _require(be.engines >= 1, "backend.engines", f"must be >= 1 (got {be.engines})")
+    _require(be.engines == 1 or be.type == "ray", "backend.engines",
+             f"more than one engine needs backend.type=ray (got type {be.type!r}, engines {be.engines})")
+    _require(be.ray_address is None or be.type == "ray", "backend.ray_address",
+             f"only used with backend.type=ray (got type {be.type!r})")
+    _require(be.population_batch >= 0, "backend.population_batch", f"must be >= 0 (got {be.population_batch})")
+    _require(be.check_every >= 0, "backend.check_every", f"must be >= 0 (got {be.check_every})")
+    _require(cov.every >= 0, "coverage.every", f"must be >= 0 (got {cov.every})")
+    _require(cov.prompts >= 1, "coverage.prompts", f"must be >= 1 (got {cov.prompts})")
+    _require(cov.samples >= 1, "coverage.samples", f"must be >= 1 (got {cov.samples})")
+    _require(cov.temperature > 0, "coverage.temperature", f"must be > 0 (got {cov.temperature})")
+    _require(cov.every == 0 or es.restore == "exact", "coverage.every",
+             "the coverage pass perturbs members again and needs es.restore=exact (a bit-exact centre); "
+             f"got es.restore={es.restore!r}")
     _require(bool(cfg.model), "model", "must not be empty")
     _require(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device",
              f"must be 'cpu' or 'cuda[:N]' (got {cfg.device!r})")

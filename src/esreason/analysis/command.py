@@ -328,4 +328,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the Markdown tables")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.set_defaults(func=_cmd_restore_ablation)
+
+    from esreason.analysis.estimator_command import add_estimator_parser
+
+    add_estimator_parser(sub)
+
+    from esreason.analysis.coverage import add_parsers as add_coverage_parsers
+
+    add_coverage_parsers(sub)  # coverage RUN, lemma1 (docs/coverage.md)
     return sub

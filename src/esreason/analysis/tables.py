@@ -67,7 +67,7 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
                   "|": r"$|$", "<": r"$<$", ">": r"$>$", "×": r"$\times$", "τ": r"$\tau$", "Δ": r"$\Delta$",
                   "≤": r"$\le$", "≥": r"$\ge$", "θ": r"$\theta$", "‖": r"$\|$", "²": r"$^2$", "−": r"$-$",
-                  "·": r"$\cdot$", "α": r"$\alpha$", "σ": r"$\sigma$"}
+                  "·": r"$\cdot$", "α": r"$\alpha$", "σ": r"$\sigma$", "κ": r"$\kappa$", "ε": r"$\epsilon$"}
 
 
 def latex_escape(text: str) -> str:

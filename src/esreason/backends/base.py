@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,22 @@ class PerturbablePolicy(Protocol):
 
 @runtime_checkable
 class PopulationEvaluator(Protocol):
-    def evaluate(self, seeds: Sequence[int], signs: Sequence[int], sigma: float,
-                 prompts: Sequence[str], params: Sequence[SamplingParams],
-                 reward_fn) -> "list[list[float]]":
-        """Per member i (perturbation signs[i]*sigma*eps(seeds[i])), the per-prompt rewards."""
+    """Evaluates a whole population around the current centre (paper procedure step 3).
+
+    Implementations: :class:`esreason.es.evaluate.SequentialEvaluator` (the reference: one
+    member at a time on an :class:`PerturbablePolicy`), the population-batched evaluator
+    and the Ray engine pool (``backend.type``). Every implementation must return the same
+    rewards as the sequential reference for the same seeds.
+    """
+
+    def evaluate(self, population: Any, sigma: float, prompts: Sequence[str], golds: Sequence[Any],
+                 scorer: Any, params: Sequence[SamplingParams]) -> Any:
+        """Rewards of every member (``esreason.es.evaluate.PopulationResult``, by population index)."""
+
+    def after_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> None:
+        """Called after the trainer applied update ``step`` to its own centre: engines that hold
+        their own copy of the centre apply the same update from (seeds, weights); in-process
+        evaluators do nothing."""
+
+    def close(self) -> None:
+        """Release engines, actors and memory (idempotent)."""

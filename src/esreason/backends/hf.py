@@ -67,16 +67,19 @@ class HFPolicy:
     restore: 'exact' | 'subtract' (see :mod:`esreason.es.params`).
     master_weights: 'auto' (fp32 masters for bf16/fp16 models), 'fp32', 'none'.
     direction_cache_mb: memory for re-using an update's directions (0 = regenerate).
+    perturbation, rank: 'full' dense directions, or 'lowrank' A B^T / sqrt(rank) (es/lowrank.py).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, restore: str = "exact",
-                 master_weights: str = "auto", direction_cache_mb: int = 256) -> None:
+                 master_weights: str = "auto", direction_cache_mb: int = 256,
+                 perturbation: str = "full", rank: int = 1) -> None:
         self.model = model
         self.tokenizer = tokenizer
         dtype = next(model.parameters()).dtype
         master = master_weights == "fp32" or (master_weights == "auto" and dtype != torch.float32)
         self.params = CentredParameters(unique_named_parameters(model), restore=restore, master=master,
-                                        cache_bytes=direction_cache_mb * 2**20)
+                                        cache_bytes=direction_cache_mb * 2**20,
+                                        perturbation=perturbation, rank=rank)
 
     # PerturbablePolicy ------------------------------------------------------------
     def perturb(self, seed: int, sigma: float) -> None:

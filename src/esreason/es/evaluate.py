@@ -70,3 +70,23 @@ def evaluate_population(policy: PerturbablePolicy, generator: Generator, populat
         t_rew += time.perf_counter() - t0
         tokens += gen.num_tokens
     return PopulationResult(rewards, correct, formatted, tokens, {"generate": t_gen, "reward": t_rew})
+
+
+class SequentialEvaluator:
+    """The reference :class:`~esreason.backends.base.PopulationEvaluator` (``backend.type: hf``):
+    :func:`evaluate_population` on one in-process policy. The trainer applies updates to
+    the same policy, so :meth:`after_update` has nothing to do."""
+
+    def __init__(self, policy: PerturbablePolicy, generator: Generator) -> None:
+        self.policy = policy
+        self.generator = generator
+
+    def evaluate(self, population: Population, sigma: float, prompts: Sequence[str], golds: Sequence[Any],
+                 scorer: Callable[[str, Any], Verdict], params: Sequence[SamplingParams]) -> PopulationResult:
+        return evaluate_population(self.policy, self.generator, population, sigma, prompts, golds, scorer, params)
+
+    def after_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

@@ -29,6 +29,13 @@ their seeds; the cache holds exactly the tensors ``direction()`` returns, is nev
 written anywhere, and is emptied by every update. It removes half of the noise cost
 of an update (benchmarks/es_step.py on the embedded default, N=16, B=32: the
 perturb + restore + update share of a step went from 4.0% to 2.4%).
+
+Low-rank directions (``perturbation="lowrank"``, :mod:`esreason.es.lowrank`): every
+2-D tensor W is perturbed by E = A B^T / sqrt(r_W) instead of a dense eps, as one
+fused fp32 ``addmm`` (theta_i = round(centre_fp32 + sigma * A B^T / sqrt(r_W))); the
+cache then holds the packed factors [m + n, r_W]; the update is one GEMM per matrix.
+Exact restore, masters and ``subtract`` work unchanged. With ``perturbation="full"``
+(the default) every code path and result is the one described above, bit for bit.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from esreason.es.lowrank import Perturbation, add_scaled, add_scaled_, lowrank_factors, lowrank_update_delta
 from esreason.es.noise import direction
 from esreason.es.update import update_delta
 
@@ -59,10 +67,14 @@ class CentredParameters:
     """ES perturbation state of a module's parameters (see module docstring)."""
 
     def __init__(self, params: Iterable[tuple[str, torch.nn.Parameter]], *,
-                 restore: str = "exact", master: bool = False, cache_bytes: int = 0) -> None:
+                 restore: str = "exact", master: bool = False, cache_bytes: int = 0,
+                 perturbation: str = "full", rank: int = 1) -> None:
         if restore not in ("exact", "subtract"):
             raise ValueError(f"unknown restore mode {restore!r}")
         self.params = list(params)
+        self.perturbation = Perturbation(perturbation, rank)  # UserError naming es.perturbation / es.rank
+        # r_W per tensor name for low-rank-perturbed matrices; None = dense direction
+        self._ranks: dict[str, int | None] = {n: self.perturbation.tensor_rank(p.shape) for n, p in self.params}
         self.restore_mode = restore
         self.master = master
         self.timings: dict[str, float] = defaultdict(float)
@@ -113,6 +125,9 @@ class CentredParameters:
             raise RuntimeError("perturb() called twice without restore()")
         t0 = time.perf_counter()
         for name, p in self.params:
+            if self._ranks[name] is not None:
+                self._perturb_lowrank(seed, sigma, name, p)
+                continue
             eps = self._direction(seed, name, p)  # [*p.shape] fp32
             if self._master is not None:
                 p.copy_(torch.add(self._master[name], eps, alpha=sigma))  # fp32 sum, one rounding
@@ -122,6 +137,28 @@ class CentredParameters:
                 p.copy_(torch.add(p.detach().to(torch.float32), eps, alpha=sigma))
         self._active = (seed, sigma)
         self.timings["perturb"] += time.perf_counter() - t0
+
+    def _perturb_lowrank(self, seed: int, sigma: float, name: str, p: torch.Tensor) -> None:
+        """p <- round(centre_fp32 + sigma * A B^T / sqrt(r_W)) for one matrix."""
+        packed = self._factors(seed, name, p)  # [m+n, r_W] fp32
+        if self._master is not None:
+            p.copy_(add_scaled(self._master[name], packed, sigma))  # fp32 sum, one rounding
+        elif p.dtype == torch.float32:
+            add_scaled_(p, packed, sigma)  # in place, no [m, n] temporary
+        else:
+            p.copy_(add_scaled(p.detach().to(torch.float32), packed, sigma))
+
+    def _factors(self, seed: int, name: str, p: torch.Tensor) -> torch.Tensor:
+        """Packed factors [A; B] of (seed, name) on p's device, from this update's cache when present."""
+        key = (int(seed), name)
+        packed = self._cache.get(key)
+        if packed is None:
+            packed = lowrank_factors(seed, name, p.shape, self.perturbation.rank, device=p.device)
+            size = packed.numel() * packed.element_size()
+            if self._cache_used + size <= self.cache_bytes:
+                self._cache[key] = packed
+                self._cache_used += size
+        return packed
 
     def _direction(self, seed: int, name: str, p: torch.Tensor) -> torch.Tensor:
         """eps(seed, name) on p's device, from this update's cache when present."""
@@ -147,6 +184,9 @@ class CentredParameters:
         else:
             seed, sigma = self._active
             for name, p in self.params:
+                if self._ranks[name] is not None:  # the paper artifact's inverse, low-rank noise
+                    p.copy_(add_scaled(p.detach().to(torch.float32), self._factors(seed, name, p), -sigma))
+                    continue
                 eps = self._direction(seed, name, p)
                 p.copy_(torch.add(p.to(torch.float32), eps, alpha=-sigma))
         self._active = None
@@ -165,7 +205,11 @@ class CentredParameters:
         t0 = time.perf_counter()
         sq = 0.0
         for name, p in self.params:
-            delta = update_delta(name, p.shape, seeds, weights, alpha, self._cache).to(p.device)  # fp32
+            if self._ranks[name] is not None:  # one GEMM of the stacked factors, on p's device
+                delta = lowrank_update_delta(name, p.shape, seeds, weights, alpha, self.perturbation.rank,
+                                             self._cache, device=p.device)  # [m, n] fp32
+            else:
+                delta = update_delta(name, p.shape, seeds, weights, alpha, self._cache).to(p.device)  # fp32
             old = p.detach().to(torch.float32, copy=True)  # fp32 copy of theta_old
             if self._master is not None:
                 self._master[name].add_(delta)

@@ -64,7 +64,9 @@ def flatten_eval(res: dict[str, Any], prefix: str = "heldout") -> dict[str, floa
     return out
 
 
-def _check_resume_config(run_path: Path, cfg: RunConfig) -> None:
+def check_resume_config(run_path: Path, cfg: Any) -> None:
+    """Refuse ``--resume`` when ``cfg`` differs from the run's saved ``config.yaml`` (ES and GRPO runs);
+    the error lists the first differing dotted keys."""
     saved_path = run_path / CONFIG_FILE
     if not saved_path.is_file():
         return
@@ -99,7 +101,7 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
                         "or choose another --output")
     start_step, start_model = 0, cfg.model
     if resume:
-        _check_resume_config(out, cfg)
+        check_resume_config(out, cfg)
         if run_dir.checkpoints_dir.exists():
             clean_stale_tmp(run_dir.checkpoints_dir)
         latest = run_dir.latest_checkpoint()
@@ -115,7 +117,8 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
     model, tokenizer = load_model(start_model, cfg.dtype, cfg.device)
     policy = HFPolicy(model, tokenizer, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
-                      direction_cache_mb=cfg.es.direction_cache_mb)
+                      direction_cache_mb=cfg.es.direction_cache_mb, perturbation=cfg.es.perturbation,
+                      rank=cfg.es.rank)
     if start_step:
         policy.load_masters(start_model)
     prompts = [tasks.render_prompt(tokenizer, p.messages) for p in problems]
@@ -133,6 +136,15 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     heldout = make_heldout(cfg, generator, tokenizer)
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
     truncate_after = (start_step if start_step else -1) if resume else None
-    with MetricsLogger(out, truncate_after=truncate_after) as logger:
-        trainer = ESTrainer(cfg, policy, generator, problems, prompts, scorer, run_dir, logger, heldout)
-        return trainer.train(start_step=start_step, progress=progress)
+    from esreason.backends.select import build_evaluator
+
+    # Before metrics.jsonl exists: a backend that fails to start (bad Ray address, too many
+    # engines) must not leave a directory that "already holds a run".
+    evaluator = build_evaluator(cfg, policy, generator, tokenizer)
+    try:
+        with MetricsLogger(out, truncate_after=truncate_after) as logger:
+            trainer = ESTrainer(cfg, policy, generator, problems, prompts, scorer, run_dir, logger, heldout,
+                                evaluator=evaluator)
+            return trainer.train(start_step=start_step, progress=progress)
+    finally:
+        evaluator.close()

@@ -23,11 +23,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from esreason.backends.base import Generator, SamplingParams
+from esreason.backends.base import Generator, PopulationEvaluator, SamplingParams
 from esreason.backends.hf import HFPolicy
 from esreason.config import RunConfig
 from esreason.es import shaping
-from esreason.es.evaluate import evaluate_population
+from esreason.es.evaluate import SequentialEvaluator
 from esreason.es.population import draw_population, sampling_seeds
 from esreason.es.schedule import Schedule
 from esreason.tasks.base import Problem
@@ -52,12 +52,16 @@ class ESTrainer:
     training split (rendered prompts aligned with problems). scorer: the task
     verifier. run_dir: esreason.io.RunDir. logger: esreason.io.MetricsLogger.
     heldout: optional callable(step) -> dict of held-out metrics.
+    evaluator: the population evaluator (``backend.type``; default: the sequential
+    reference on ``policy``). The trainer's ``policy`` always holds the authoritative
+    centre: it applies every update and writes the checkpoints.
     """
 
     def __init__(self, cfg: RunConfig, policy: HFPolicy, generator: Generator,
                  problems: Sequence[Problem], prompts: Sequence[str],
                  scorer: Callable[[str, Any], Verdict], run_dir: Any, logger: Any,
-                 heldout: Callable[[int], dict[str, float]] | None = None) -> None:
+                 heldout: Callable[[int], dict[str, float]] | None = None,
+                 evaluator: PopulationEvaluator | None = None) -> None:
         self.cfg = cfg
         self.policy = policy
         self.generator = generator
@@ -67,6 +71,7 @@ class ESTrainer:
         self.run_dir = run_dir
         self.logger = logger
         self.heldout = heldout
+        self.evaluator = evaluator if evaluator is not None else SequentialEvaluator(policy, generator)
         self.schedule = Schedule(len(self.problems), cfg.train.batch_size, cfg.train.epochs, cfg.train.seed)
 
     @property
@@ -89,8 +94,7 @@ class ESTrainer:
         prompts = [self.prompts[i] for i in idx]
         golds = [self.problems[i].gold for i in idx]
         pop = draw_population(self.cfg.train.seed, t, es.population_size, es.estimator)
-        result = evaluate_population(self.policy, self.generator, pop, es.sigma, prompts, golds,
-                                     self.scorer, self.member_params(t))
+        result = self.evaluator.evaluate(pop, es.sigma, prompts, golds, self.scorer, self.member_params(t))
         member_r = result.member_rewards  # [N]
         shaped_input = member_r
         if es.reward_control == "shuffle":
@@ -100,11 +104,18 @@ class ESTrainer:
             shaped_input = member_r[rng.permutation(len(member_r))]
         z = shaping.shape(shaped_input, es.shaping, es.zscore_eps)  # [N] float64
         weights = [float(zi) * sgn for zi, sgn in zip(z, pop.signs)]
+        probe = None
+        if self.cfg.coverage.every and (t + 1) % self.cfg.coverage.every == 0:  # docs/coverage.md
+            from esreason.es.coverage import CoverageProbe
+
+            probe = CoverageProbe(self.cfg, self.policy, self.generator, self.scorer, t)
+            probe.measure(pop, es.sigma, prompts, golds, weights)  # centre restored bit-exactly
         update_norm = self.policy.apply_update(pop.seeds, weights, es.alpha)
+        self.evaluator.after_update(pop.seeds, weights, es.alpha, t)
         timings = self.policy.params.pop_timings()
         step_time = time.perf_counter() - t_start
         epoch, _ = self.schedule.position(t)
-        return {
+        metrics = {
             "epoch": epoch,
             "reward/mean": float(member_r.mean()),
             "reward/max": float(member_r.max()),
@@ -122,6 +133,9 @@ class ESTrainer:
             "tokens": result.tokens,
             "tokens_per_s": result.tokens / max(step_time, 1e-9),
         }
+        if probe is not None:
+            metrics.update(probe.finish())  # samples the updated centre (read-only)
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
 

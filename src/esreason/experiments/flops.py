@@ -104,11 +104,18 @@ def estimate(config_path: str | Path, *, length: int | None = None, params: int 
         from esreason.grpo.config import load_grpo_config
 
         cfg = load_grpo_config(config_path)
-        method, samples = "grpo", cfg.grpo.num_generations
     else:
         from esreason.config import load_config
 
         cfg = load_config(config_path)
+    return estimate_config(cfg, str(config_path), length=length, params=params)
+
+
+def estimate_config(cfg: Any, label: str, *, length: int | None = None, params: int | None = None) -> FlopEstimate:
+    """FLOPs of a built ES ``RunConfig`` or ``GRPORunConfig``."""
+    if hasattr(cfg, "grpo"):
+        method, samples = "grpo", cfg.grpo.num_generations
+    else:
         method, samples = "es", cfg.es.population_size
     B = cfg.train.batch_size
     if cfg.train.max_steps:
@@ -124,7 +131,7 @@ def estimate(config_path: str | Path, *, length: int | None = None, params: int 
     P = params if params is not None else count_parameters(cfg.model)
     L = length if length is not None else cfg.generation.max_new_tokens
     flops = es_flops(T, samples, B, P, L) if method == "es" else grpo_flops(T, B, samples, P, L)
-    return FlopEstimate(str(config_path), method, T, B, samples, P, L, flops)
+    return FlopEstimate(label, method, T, B, samples, P, L, flops)
 
 
 def compare(estimates: list[FlopEstimate], rel_tol: float = 1e-9) -> dict[str, Any]:

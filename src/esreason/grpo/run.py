@@ -115,14 +115,14 @@ def _build_dataset(problems: list[Any]) -> Any:
 def _prepare_run_dir(out: Path, cfg: GRPORunConfig, resume: bool) -> ResumePoint | None:
     """Fresh run: refuse a directory that holds one. Resume: same config, stale temporaries and
     unpaired TRL states removed, and the point to continue from (None: start over)."""
-    from esreason.es.run import _check_resume_config
+    from esreason.es.run import check_resume_config
     from esreason.grpo.callbacks import TRL_DIR
     from esreason.io import RunDir, clean_stale_tmp
 
     if not resume:
         _check_fresh(out)
         return None
-    _check_resume_config(out, cfg)
+    check_resume_config(out, cfg)
     run_dir = RunDir(out)
     if run_dir.checkpoints_dir.exists():
         clean_stale_tmp(run_dir.checkpoints_dir)

@@ -1,0 +1,224 @@
+"""Engines: self-contained holders of an ES centre that evaluate members and apply updates.
+
+An engine is what one worker of the Ray pool (:mod:`esreason.backends.ray_pool`) runs:
+it owns a copy of the centre, evaluates members from their seeds (perturb, generate,
+restore bit-exactly), applies the same update as every other engine from
+``(seeds, weights, alpha)`` and reports a checksum of its centre so the pool can detect
+engines that drifted apart. Nothing but seeds, scalars, prompts and response texts
+crosses the process boundary, except the full state on start-up and on re-broadcast.
+
+:class:`HFEngine` is the transformers engine (CPU, or one GPU); the vLLM engine lives in
+:mod:`esreason.backends.vllm`. This module imports neither Ray nor vLLM.
+
+State snapshots (``export_state`` / ``load_state``) are the files of an ordinary
+checkpoint (:meth:`HFPolicy.save`: ``model.safetensors``, tokenizer files and, with
+master weights, ``es_master.safetensors``) as ``{file name: bytes}``; safetensors
+round-trips every bit, so a re-broadcast engine is bit-identical to its source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+
+import torch
+
+import numpy as np
+
+from esreason.backends.base import Generation, SamplingParams
+
+#: A checkpoint as ``{relative file name: file bytes}``.
+StateFiles = dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class MemberOutput:
+    """One evaluated member: its responses (in prompt order) and the engine's generate time."""
+
+    index: int
+    texts: list[str]
+    num_tokens: int
+    seconds: float
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What a pool worker needs from an engine (HF or vLLM)."""
+
+    def run_member(self, index: int, seed: int, sigma: float, prompts: Sequence[str],
+                   params: SamplingParams) -> MemberOutput:
+        """Generate at centre + sigma * eps(seed) and restore the centre bit-exactly."""
+
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
+        """centre += alpha/N sum_i w_i eps(seeds_i); returns ||delta||_2."""
+
+    def checksum(self) -> str:
+        """Hex digest of the centre's bits (equal digests <=> identical centres)."""
+
+    def export_state(self) -> StateFiles:
+        """The centre as checkpoint files."""
+
+    def load_state(self, state: StateFiles) -> None:
+        """Replace the centre by ``state`` (from :meth:`export_state` of a same-kind engine)."""
+
+
+def tensors_checksum(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """blake2b over (name, dtype, shape, raw bytes) of every tensor, in name order.
+
+    Engines of different kinds (HF, vLLM) report the same digest for the same centre as
+    long as they hash the tensors under their Hugging Face names and dtypes.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    for name, t in sorted(named, key=lambda item: item[0]):
+        data = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{data.dtype}|{tuple(data.shape)}".encode())
+        h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def policy_checksum(policy: Any) -> str:
+    """Checksum of an :class:`~esreason.backends.hf.HFPolicy` centre (weights, plus fp32 masters if kept)."""
+    named: list[tuple[str, torch.Tensor]] = [(n, p) for n, p in policy.params.params]
+    masters = policy.params.master_state()
+    if masters is not None:
+        named += [(f"master:{n}", t) for n, t in masters.items()]
+    return tensors_checksum(named)
+
+
+def policy_state(policy: Any) -> StateFiles:
+    """The files :meth:`HFPolicy.save` writes, read back as bytes."""
+    with tempfile.TemporaryDirectory(prefix="esreason-state-") as tmp:
+        policy.save(tmp)
+        root = Path(tmp)
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write_state(state: Mapping[str, bytes], directory: str | Path) -> Path:
+    """Write checkpoint files from :func:`policy_state` into ``directory`` (created)."""
+    root = Path(directory)
+    for name, data in state.items():
+        path = (root / name).resolve()
+        if root.resolve() not in path.parents:
+            raise ValueError(f"state file name escapes the directory: {name!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+@dataclass(frozen=True)
+class HFEngineOptions:
+    """How an :class:`HFEngine` builds its policy (mirrors the run config)."""
+
+    dtype: str = "float32"
+    device: str = "cpu"
+    restore: str = "exact"
+    master_weights: str = "auto"
+    direction_cache_mb: int = 256
+    generation_batch_size: int = 256
+    threads: int = 1
+    perturbation: str = "full"
+    rank: int = 1
+
+    @classmethod
+    def from_config(cls, cfg: Any, threads: int = 1) -> "HFEngineOptions":
+        es = cfg.es
+        return cls(dtype=cfg.dtype, device=cfg.device, restore=es.restore, master_weights=es.master_weights,
+                   direction_cache_mb=es.direction_cache_mb, generation_batch_size=cfg.generation.batch_size,
+                   threads=threads, perturbation=es.perturbation, rank=es.rank)
+
+
+class HFEngine:
+    """A transformers model + :class:`HFPolicy` + :class:`Sampler`, rebuilt from checkpoint files."""
+
+    def __init__(self, options: HFEngineOptions, state: StateFiles) -> None:
+        self.options = options
+        torch.set_num_threads(max(1, int(options.threads)))
+        self.load_state(state)
+
+    def load_state(self, state: StateFiles) -> None:
+        from esreason.backends.hf import HFPolicy, load_model
+        from esreason.backends.sampling import Sampler
+
+        o = self.options
+        with tempfile.TemporaryDirectory(prefix="esreason-engine-") as tmp:
+            write_state(state, tmp)
+            model, tokenizer = load_model(tmp, o.dtype, o.device)
+            policy = HFPolicy(model, tokenizer, restore=o.restore, master_weights=o.master_weights,
+                              direction_cache_mb=o.direction_cache_mb, perturbation=o.perturbation, rank=o.rank)
+            policy.load_masters(tmp)
+        self.policy = policy
+        self.sampler = Sampler(model, tokenizer, batch_size=o.generation_batch_size)
+
+    def run_member(self, index: int, seed: int, sigma: float, prompts: Sequence[str],
+                   params: SamplingParams) -> MemberOutput:
+        self.policy.perturb(seed, sigma)
+        try:
+            t0 = time.perf_counter()
+            gen: Generation = self.sampler.generate(prompts, params)
+            seconds = time.perf_counter() - t0
+        finally:
+            self.policy.restore()
+        return MemberOutput(index, list(gen.texts), gen.num_tokens, seconds)
+
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
+        norm = self.policy.apply_update(seeds, weights, alpha)
+        self.policy.params.pop_timings()
+        return norm
+
+    def checksum(self) -> str:
+        return policy_checksum(self.policy)
+
+    def export_state(self) -> StateFiles:
+        return policy_state(self.policy)
+
+
+class ResultCollector:
+    """Scores member outputs on the driver as they arrive and assembles a ``PopulationResult``.
+
+    Scoring runs where the trainer's verifier lives (the driver): engines return texts, so
+    verifiers never need to be shipped to workers (math-verify's timeouts use
+    ``signal.alarm``, which fails outside a process's main thread).
+    """
+
+    def __init__(self, size: int, golds: Sequence[Any], scorer: Any) -> None:
+        self.golds = list(golds)
+        self.scorer = scorer
+        b = len(self.golds)
+        self.rewards = np.zeros((size, b), dtype=np.float64)
+        self.correct = np.zeros((size, b), dtype=bool)
+        self.formatted = np.zeros((size, b), dtype=bool)
+        self.done = np.zeros(size, dtype=bool)
+        self.tokens = 0
+        self.engine_seconds = 0.0
+        self.reward_seconds = 0.0
+
+    def add(self, out: MemberOutput) -> None:
+        if self.done[out.index]:
+            raise RuntimeError(f"member {out.index} was evaluated twice")
+        if len(out.texts) != len(self.golds):
+            raise RuntimeError(f"member {out.index}: {len(out.texts)} responses for {len(self.golds)} prompts")
+        t0 = time.perf_counter()
+        for j, (text, gold) in enumerate(zip(out.texts, self.golds)):
+            v = self.scorer(text, gold)
+            self.rewards[out.index, j], self.correct[out.index, j], self.formatted[out.index, j] = (
+                v.reward, v.correct, v.formatted)
+        self.reward_seconds += time.perf_counter() - t0
+        self.done[out.index] = True
+        self.tokens += out.num_tokens
+        self.engine_seconds += out.seconds
+
+    def result(self, wall_seconds: float) -> Any:
+        """The ``PopulationResult``; timings: generate = wall time of the evaluation minus
+        driver-side scoring, engine_generate = summed engine generate time."""
+        from esreason.es.evaluate import PopulationResult
+
+        missing = np.flatnonzero(~self.done)
+        if missing.size:
+            raise RuntimeError(f"members {missing.tolist()} were never evaluated")
+        timings = {"generate": max(0.0, wall_seconds - self.reward_seconds), "reward": self.reward_seconds,
+                   "engine_generate": self.engine_seconds}
+        return PopulationResult(self.rewards, self.correct, self.formatted, self.tokens, timings)

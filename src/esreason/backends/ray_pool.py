@@ -1,0 +1,417 @@
+"""Ray engine pool: E engine actors, each holding the ES centre (``backend.type: ray``).
+
+Every engine (:mod:`esreason.backends.engine`) starts from the same checkpoint files and
+applies every update itself from ``(seeds, weights, alpha)``, so a step moves only seeds,
+prompts, response texts and scalars across the network (paper appendix
+"Implementation-Level Training Procedure": eight single-GPU engines).
+
+One step:
+
+1. ``evaluate``: members are handed out dynamically: every engine holds up to
+   ``inflight`` members; whenever one finishes (``ray.wait``) its texts are scored on the
+   driver and the engine gets the next member. Results are stored by population index,
+   so they do not depend on which engine ran which member.
+2. ``after_update``: every engine applies the update the trainer just applied to its own
+   centre (asynchronously; the next call waits for it). Every ``check_every`` updates the
+   engines' weight checksums are compared with the reference; engines that differ are
+   re-loaded from the reference state (logged as a warning).
+
+The reference is the trainer's in-process policy when the pool is given one (it is what
+checkpoints are written from), else engine rank 0.
+
+Faults: an engine that dies (node lost, ``ray.kill``) is dropped; the members it held are
+re-run on the other engines, so the step's result is unchanged. Before the next step a
+replacement engine is started from the reference state when resources allow.
+
+HF engines run on CPU (one CPU each); vLLM engines need one GPU each. Every engine gets its
+own placement group (one bundle), so engines never share a GPU. ``ray_address`` connects to
+an existing cluster (multi-node); without it a local Ray instance is started (or the one
+already initialised in this process is used). Ray is imported lazily, here only.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from esreason.backends.base import SamplingParams
+from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
+                                      StateFiles, policy_checksum, policy_state)
+from esreason.errors import UserError
+
+log = logging.getLogger(__name__)
+
+RAY_EXTRA_HINT = "pip install 'esreason[ray]'"
+
+
+def import_ray() -> Any:
+    """``import ray`` or a UserError naming the extra."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError(f"backend.type=ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
+    return ray
+
+
+def check_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast with a UserError when a Ray address ('host:port' or 'ray://host:port') is unreachable.
+
+    'auto' and 'local' are left to Ray. Ray itself retries an unreachable GCS for a long time.
+    """
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserError(f"config key 'backend.ray_address': expected 'host:port', 'ray://host:port' or 'auto' "
+                        f"(got {address!r})")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise UserError(f"config key 'backend.ray_address': cannot reach a Ray cluster at {address!r} "
+                        f"({exc.strerror or exc}); start one with `ray start --head` or fix the address") from None
+
+
+def build_engine(kind: str, options: Any, state: StateFiles) -> Engine:
+    """The engine of ``kind`` ('hf' or 'vllm') built from checkpoint files."""
+    if kind == "hf":
+        return HFEngine(options, state)
+    if kind == "vllm":
+        from esreason.backends.vllm import VLLMEngine
+
+        return VLLMEngine(options, state)
+    raise ValueError(f"unknown engine kind {kind!r}")
+
+
+class EngineHost:
+    """The body of one Ray actor: builds an engine and forwards the pool's calls to it."""
+
+    def __init__(self, kind: str, options: Any, state: StateFiles) -> None:
+        self.engine = build_engine(kind, options, state)
+
+    def ready(self) -> str:
+        return socket.gethostname()
+
+    def run_member(self, index: int, seed: int, sigma: float, prompts: Sequence[str],
+                   params: SamplingParams) -> MemberOutput:
+        return self.engine.run_member(index, seed, sigma, prompts, params)
+
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
+        return self.engine.apply_update(seeds, weights, alpha)
+
+    def checksum(self) -> str:
+        return self.engine.checksum()
+
+    def export_state(self) -> StateFiles:
+        return self.engine.export_state()
+
+    def load_state(self, state: StateFiles) -> None:
+        self.engine.load_state(state)
+
+
+@dataclass
+class PoolStats:
+    """Counters over the pool's life (also logged when they change)."""
+
+    lost_engines: int = 0
+    rerun_members: int = 0
+    replaced_engines: int = 0
+    checks: int = 0
+    rebroadcasts: int = 0
+
+
+@dataclass
+class _Slot:
+    """A live engine: its actor handle and placement group."""
+
+    rank: int
+    actor: Any
+    group: Any
+
+
+class RayEnginePool:
+    """A :class:`~esreason.backends.base.PopulationEvaluator` over Ray engine actors.
+
+    kind/options: engine kind ('hf' or 'vllm') and its options. state: checkpoint files of
+    the initial centre. engines: how many. address: an existing cluster (None: local).
+    check_every: compare checksums every this many updates (0 = never). reference: the
+    trainer's in-process :class:`HFPolicy` (the checksum and re-broadcast source) or None
+    (engine rank 0). cpus/gpus: resources per engine. inflight: members queued per engine.
+    start_timeout_s: how long engines may take to be placed and to start.
+    """
+
+    def __init__(self, kind: str, options: Any, state: StateFiles, engines: int, *,
+                 address: str | None = None, check_every: int = 10, reference: Any = None,
+                 cpus: float = 1, gpus: float = 0, inflight: int = 2, start_timeout_s: float = 300) -> None:
+        if engines < 1:
+            raise UserError(f"config key 'backend.engines': must be >= 1 (got {engines})")
+        self.ray = import_ray()
+        self.kind, self.options, self.engines = kind, options, engines
+        self.check_every, self.reference = check_every, reference
+        self.cpus, self.gpus, self.inflight = cpus, gpus, max(1, inflight)
+        self.start_timeout_s = start_timeout_s
+        self.stats = PoolStats()
+        self.slots: list[_Slot] = []
+        self._pending_updates: dict[int, Any] = {}
+        self._next_rank = 0
+        self._closed = False
+        self._owns_ray = self._connect(address)
+        try:
+            self._check_resources()
+            self._start(engines, self.ray.put(state))
+            self._verify_identical()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ start-up
+
+    def _connect(self, address: str | None) -> bool:
+        """Connect to (or start) Ray; returns whether this pool started it."""
+        ray = self.ray
+        if address:
+            check_address(address)
+        if ray.is_initialized():
+            if address:
+                log.info("ray pool: using the Ray instance already initialised in this process; "
+                         "backend.ray_address=%s is not used", address)
+            return False
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+        except ConnectionError as exc:
+            raise UserError(f"config key 'backend.ray_address': cannot connect to Ray at {address!r}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        return True
+
+    def _check_resources(self) -> None:
+        have = self.ray.cluster_resources()
+        for res, per in (("CPU", self.cpus), ("GPU", self.gpus)):
+            need, total = self.engines * per, have.get(res, 0.0)
+            if per and total < need:
+                raise UserError(
+                    f"config key 'backend.engines': {self.engines} {self.kind} engines need {need:g} {res} "
+                    f"({per:g} each) but the Ray cluster has {total:g}; lower backend.engines or add nodes")
+
+    def _placement_group(self) -> Any:
+        from ray.util.placement_group import placement_group
+
+        bundle = {"CPU": float(self.cpus)}
+        if self.gpus:
+            bundle["GPU"] = float(self.gpus)
+        return placement_group([bundle], strategy="STRICT_PACK")
+
+    def _start(self, count: int, state_ref: Any) -> list[_Slot]:
+        """Place and start ``count`` engines from ``state_ref``; raises UserError if they do not fit."""
+        ray = self.ray
+        from ray.util.placement_group import remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        groups = [self._placement_group() for _ in range(count)]
+        try:
+            ray.get([g.ready() for g in groups], timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            for g in groups:
+                remove_placement_group(g)
+            free = ray.available_resources()
+            raise UserError(f"config key 'backend.engines': could not place {count} {self.kind} engines "
+                            f"within {self.start_timeout_s:g} s (free resources: {free})") from None
+        remote_cls = ray.remote(EngineHost)
+        new = []
+        for g in groups:
+            strategy = PlacementGroupSchedulingStrategy(placement_group=g, placement_group_bundle_index=0)
+            actor = remote_cls.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=strategy,
+                                       max_restarts=0, max_task_retries=0).remote(self.kind, self.options,
+                                                                                  state_ref)
+            new.append(_Slot(self._next_rank, actor, g))
+            self._next_rank += 1
+        try:
+            hosts = ray.get([s.actor.ready.remote() for s in new], timeout=self.start_timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+            self._discard(new)
+            raise UserError(f"a {self.kind} engine failed to start: {_summary(exc)}; every Ray node needs "
+                            f"esreason and the backend's extra installed") from None
+        except ray.exceptions.GetTimeoutError:
+            self._discard(new)
+            raise UserError(f"{count} {self.kind} engines did not start within {self.start_timeout_s:g} s") from None
+        self.slots.extend(new)
+        log.info("ray pool: %d %s engines on %s", count, self.kind, sorted(set(hosts)))
+        return new
+
+    def _verify_identical(self) -> None:
+        """Right after start-up every engine must hold the reference bits exactly."""
+        bad = self.check_consistency(step=-1, repair=False)
+        if bad:
+            raise RuntimeError(f"engines {bad} loaded a centre that differs from the reference; "
+                               "state transfer is not bit-exact")
+
+    # ------------------------------------------------------------------ faults
+
+    def _discard(self, slots: Sequence[_Slot]) -> None:
+        """Kill actors and free their placement groups (dead actors are fine)."""
+        from ray.util.placement_group import remove_placement_group
+
+        for slot in slots:
+            try:
+                self.ray.kill(slot.actor, no_restart=True)
+            except (ValueError, self.ray.exceptions.RayError):
+                pass  # already gone
+            remove_placement_group(slot.group)
+
+    def _lose(self, slot: _Slot, exc: BaseException) -> None:
+        """Drop a dead engine; raises RuntimeError when none is left."""
+        if slot not in self.slots:
+            return
+        self.slots.remove(slot)
+        self._pending_updates.pop(slot.rank, None)
+        self.stats.lost_engines += 1
+        log.warning("ray pool: engine %d lost (%s); %d engines left", slot.rank, _summary(exc), len(self.slots))
+        self._discard([slot])
+        if not self.slots:
+            raise RuntimeError("ray pool: every engine was lost")
+
+    def _settle(self) -> None:
+        """Wait for pending updates (dropping engines that died) and replace lost engines."""
+        for slot in list(self.slots):
+            ref = self._pending_updates.pop(slot.rank, None)
+            if ref is None:
+                continue
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayActorError as exc:
+                self._lose(slot, exc)
+        missing = self.engines - len(self.slots)
+        if missing > 0:
+            try:
+                self._start(missing, self.ray.put(self._reference_state()))
+            except UserError as exc:
+                log.warning("ray pool: could not replace %d lost engines (%s); continuing with %d",
+                            missing, exc, len(self.slots))
+                return
+            self.stats.replaced_engines += missing
+
+    # ------------------------------------------------------------------ PopulationEvaluator
+
+    def evaluate(self, population: Any, sigma: float, prompts: Sequence[str], golds: Sequence[Any],
+                 scorer: Callable[[str, Any], Any], params: Sequence[SamplingParams]) -> Any:
+        """Rewards of every member, by population index (same as the sequential reference)."""
+        self._settle()
+        ray = self.ray
+        t0 = time.perf_counter()
+        collector = ResultCollector(len(population), golds, scorer)
+        prompts_ref = ray.put(list(prompts))
+        pending = deque(range(len(population)))
+        running: dict[Any, tuple[_Slot, int]] = {}
+
+        def fill() -> None:
+            for slot in self.slots:
+                load = sum(1 for s, _ in running.values() if s is slot)
+                while pending and load < self.inflight:
+                    i = pending.popleft()
+                    sig = population.signs[i] * sigma
+                    ref = slot.actor.run_member.remote(i, population.seeds[i], sig, prompts_ref, params[i])
+                    running[ref] = (slot, i)
+                    load += 1
+
+        fill()
+        while running:
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            slot, i = running.pop(ref)
+            try:
+                out = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self._lose(slot, exc)
+                pending.appendleft(i)
+                self.stats.rerun_members += 1
+            else:
+                collector.add(out)
+            fill()
+        return collector.result(time.perf_counter() - t0)
+
+    def after_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> None:
+        """Every engine applies the same update; checksums are compared every ``check_every`` updates."""
+        seeds, weights = [int(s) for s in seeds], [float(w) for w in weights]
+        for slot in self.slots:
+            self._pending_updates[slot.rank] = slot.actor.apply_update.remote(seeds, weights, float(alpha))
+        if self.check_every and (step + 1) % self.check_every == 0:
+            self.check_consistency(step)
+
+    def close(self) -> None:
+        """Kill the engines, remove their placement groups, and stop Ray if this pool started it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._discard(self.slots)
+        self.slots.clear()
+        if self._owns_ray and self.ray.is_initialized():
+            self.ray.shutdown()
+
+    # ------------------------------------------------------------------ consistency
+
+    def _reference_state(self) -> StateFiles:
+        if self.reference is not None:
+            return policy_state(self.reference)
+        return self.ray.get(self.slots[0].actor.export_state.remote())
+
+    def _reference_checksum(self, sums: dict[int, str]) -> str:
+        if self.reference is not None:
+            return policy_checksum(self.reference)
+        return sums[self.slots[0].rank]
+
+    def checksums(self) -> dict[int, str]:
+        """Centre checksum of every live engine by rank (after pending updates)."""
+        self._settle()
+        sums: dict[int, str] = {}
+        for slot in list(self.slots):
+            try:
+                sums[slot.rank] = self.ray.get(slot.actor.checksum.remote())
+            except self.ray.exceptions.RayActorError as exc:
+                self._lose(slot, exc)
+        return sums
+
+    def check_consistency(self, step: int, repair: bool = True) -> list[int]:
+        """Compare every engine's checksum with the reference; re-load the ones that differ.
+
+        Returns the ranks that differed. With ``repair`` they are re-broadcast the reference
+        state and verified again.
+        """
+        self.stats.checks += 1
+        sums = self.checksums()
+        ref = self._reference_checksum(sums)
+        bad = [rank for rank, s in sums.items() if s != ref]
+        if not bad or not repair:
+            return bad
+        source = "the trainer's centre" if self.reference is not None else f"engine {self.slots[0].rank}"
+        log.warning("ray pool: after update %d engines %s differ from %s (checksum %s); re-broadcasting",
+                    step + 1, bad, source, ref)
+        state_ref = self.ray.put(self._reference_state())
+        by_rank = {s.rank: s for s in self.slots}
+        self.ray.get([by_rank[r].actor.load_state.remote(state_ref) for r in bad])
+        self.stats.rebroadcasts += len(bad)
+        still = [rank for rank, s in self.checksums().items() if s != ref]
+        if still:
+            raise RuntimeError(f"engines {still} still differ from the reference after a re-broadcast")
+        return bad
+
+
+def _summary(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
+
+
+def build_ray_pool(cfg: Any, policy: Any) -> RayEnginePool:
+    """The pool for a run config: HF engines on CPU (``device: cpu``), vLLM engines on GPUs otherwise."""
+    state = policy_state(policy)
+    be = cfg.backend
+    check_every = getattr(be, "check_every", 10)
+    if cfg.device == "cpu":
+        return RayEnginePool("hf", HFEngineOptions.from_config(cfg, threads=1), state, be.engines,
+                             address=be.ray_address, check_every=check_every, reference=policy, cpus=1, gpus=0)
+    from esreason.backends.vllm import VLLMEngineOptions
+
+    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, address=be.ray_address,
+                         check_every=check_every, reference=policy, cpus=1, gpus=1)

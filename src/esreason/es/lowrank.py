@@ -1,0 +1,174 @@
+"""Low-rank (EGGROLL) perturbation directions: ``es.perturbation: lowrank``.
+
+Following "Evolution Strategies at the Hyperscale" (Sarkar et al. 2025, EGGROLL),
+the direction of member i for a 2-D weight matrix W [m, n] is
+
+    E_i = A_i B_i^T / sqrt(r_W),   A_i [m, r_W], B_i [n, r_W] i.i.d. N(0, 1),
+    r_W = min(es.rank, m, n)
+
+so every element of E_i has mean 0 and variance 1, like the dense direction of
+``perturbation: full``, and the same sigma means the same per-weight noise scale.
+Tensors that are not matrices (norm gains, biases, scalars, and any tensor with
+ndim != 2) keep the dense Gaussian direction of :func:`esreason.es.noise.direction`.
+
+Determinism (same contract as the dense directions, DESIGN §3): the factors of
+(seed, tensor name) are one float32 CPU draw ``F = randn(m + n, r_W)`` from a
+generator seeded with ``tensor_seed(seed, name)``; ``A = F[:m]`` and
+``B = F[m:]``. They are reconstructed from the seed whenever needed and never
+stored beyond one update's optional in-memory cache (which holds the packed
+``F`` [m + n, r_W], far smaller than E).
+
+Per-tensor rank clamp (our choice): ``es.rank`` larger than a matrix's smaller
+dimension is clamped to ``min(m, n)`` for that matrix (a rank-r product of an
+m x n matrix has rank <= min(m, n) anyway, and one ``es.rank`` must fit matrices
+of every shape in a model). The 1/sqrt scale uses the clamped rank, so the
+per-element variance stays 1.
+
+The update (paper Eq. es-practical-update with E_i in place of eps_i)
+
+    theta <- theta + alpha / N * sum_i w_i E_i
+           = theta + alpha / N * [A_1 w_1 / sqrt(r) | ... | A_N w_N / sqrt(r)] [B_1 | ... | B_N]^T
+
+is computed as one float32 GEMM of the stacked factors ([m, N r] x [N r, n]):
+each term is rank r_W, the sum has rank up to min(N r_W, m, n), i.e. it is
+full-rank in aggregate once N r_W >= min(m, n) — EGGROLL's point.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+
+from esreason.errors import UserError
+from esreason.es.noise import direction, tensor_seed
+
+#: Allowed values of ``es.perturbation``.
+PERTURBATIONS = ("full", "lowrank")
+
+#: Packed factors (or dense directions for non-matrix tensors) of one update, keyed
+#: by (seed, tensor name). A pure speed-up; see :class:`esreason.es.params.CentredParameters`.
+FactorCache = Mapping[tuple[int, str], torch.Tensor]
+
+
+def tensor_rank(shape: torch.Size | tuple[int, ...], rank: int) -> int:
+    """r_W = min(rank, m, n) for a matrix shape [m, n] (the per-tensor clamp)."""
+    m, n = shape
+    return min(int(rank), int(m), int(n))
+
+
+def lowrank_factors(seed: int, name: str, shape: torch.Size | tuple[int, ...], rank: int, *,
+                    device: torch.device | str = "cpu") -> torch.Tensor:
+    """Packed factors F = [A; B] of (seed, name): float32 [m + n, r_W], drawn on the CPU.
+
+    ``A = F[:m]`` [m, r_W] and ``B = F[m:]`` [n, r_W]; i.i.d. N(0, 1). Drawn on the CPU
+    for device independence (see :mod:`esreason.es.noise`), then moved to ``device``.
+    """
+    if len(shape) != 2:
+        raise ValueError(f"low-rank factors need a 2-D shape, got {tuple(shape)} for {name}")
+    m, n = int(shape[0]), int(shape[1])
+    r = tensor_rank(shape, rank)
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(tensor_seed(seed, name))
+    packed = torch.randn((m + n, r), generator=gen, dtype=torch.float32)  # [m+n, r_W] fp32
+    if packed.device != torch.device(device):
+        packed = packed.to(device)
+    return packed
+
+
+def lowrank_direction(seed: int, name: str, shape: torch.Size | tuple[int, ...], rank: int, *,
+                      device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """E(seed, name) = A B^T / sqrt(r_W), materialised as [m, n] (computed in fp32, then cast).
+
+    For consumers that need the dense matrix (tests, batched evaluators); the
+    perturb and update paths never materialise E beyond the perturbed weights.
+    """
+    packed = lowrank_factors(seed, name, shape, rank, device=device)  # [m+n, r] fp32
+    m = int(shape[0])
+    a, b = packed[:m], packed[m:]  # [m, r], [n, r]
+    e = torch.mm(a, b.t()).mul_(1.0 / math.sqrt(packed.shape[1]))  # [m, n] fp32
+    return e if dtype == torch.float32 else e.to(dtype)
+
+
+def add_scaled(base: torch.Tensor, packed: torch.Tensor, scale: float) -> torch.Tensor:
+    """base + scale * A B^T / sqrt(r_W) as a new float32 tensor (one fused ``addmm``).
+
+    base: [m, n] fp32; packed: [m + n, r_W] fp32 on base's device.
+    """
+    m = base.shape[0]
+    r = packed.shape[1]
+    return torch.addmm(base, packed[:m], packed[m:].t(), alpha=scale / math.sqrt(r))  # [m, n] fp32
+
+
+def add_scaled_(target: torch.Tensor, packed: torch.Tensor, scale: float) -> torch.Tensor:
+    """In place: target += scale * A B^T / sqrt(r_W) (fp32 ``target``; no [m, n] temporary)."""
+    m = target.shape[0]
+    r = packed.shape[1]
+    return target.addmm_(packed[:m], packed[m:].t(), alpha=scale / math.sqrt(r))
+
+
+def lowrank_update_delta(name: str, shape: torch.Size | tuple[int, ...], seeds: Sequence[int],
+                         weights: Sequence[float], alpha: float, rank: int,
+                         cache: FactorCache | None = None, *,
+                         device: torch.device | str = "cpu") -> torch.Tensor:
+    """alpha / N * sum_i w_i A_i B_i^T / sqrt(r_W) for one matrix: float32 [m, n] on ``device``.
+
+    N = len(seeds). Members with weight exactly 0 are skipped (as in the dense
+    update). The sum is one GEMM of the stacked, weight-scaled factors, accumulated
+    in float32 by the BLAS of ``device``; it equals the member-by-member sum up to
+    float32 rounding (summation order differs), not bit for bit.
+    """
+    if len(seeds) != len(weights):
+        raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
+    m, n = int(shape[0]), int(shape[1])
+    r = tensor_rank(shape, rank)
+    lefts: list[torch.Tensor] = []
+    rights: list[torch.Tensor] = []
+    for seed, w in zip(seeds, weights):
+        if w == 0.0:
+            continue
+        packed = cache.get((int(seed), name)) if cache is not None else None
+        if packed is None:
+            packed = lowrank_factors(seed, name, (m, n), rank, device=device)
+        packed = packed.to(device)  # [m+n, r] fp32
+        lefts.append(packed[:m] * (float(w) / math.sqrt(r)))  # [m, r]: w_i A_i / sqrt(r)
+        rights.append(packed[m:])  # [n, r]: B_i
+    if not lefts:
+        return torch.zeros((m, n), dtype=torch.float32, device=device)
+    left = torch.cat(lefts, dim=1)  # [m, K r] fp32
+    right = torch.cat(rights, dim=1)  # [n, K r] fp32
+    return torch.mm(left, right.t()).mul_(alpha / len(seeds))  # [m, n] fp32
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """The direction family of a run: ``es.perturbation`` and ``es.rank``.
+
+    ``tensor_rank(shape)`` is None where the tensor gets a dense Gaussian direction
+    (``full`` mode, or a non-matrix tensor in ``lowrank`` mode) and r_W otherwise.
+    """
+
+    kind: str = "full"
+    rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in PERTURBATIONS:
+            raise UserError(f"config key 'es.perturbation': must be one of {', '.join(PERTURBATIONS)} "
+                            f"(got {self.kind!r})")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise UserError(f"config key 'es.rank': must be an integer >= 1 (got {self.rank!r})")
+
+    def tensor_rank(self, shape: torch.Size | tuple[int, ...]) -> int | None:
+        """r_W for a low-rank-perturbed matrix, None for a dense direction."""
+        if self.kind != "lowrank" or len(shape) != 2:
+            return None
+        return tensor_rank(shape, self.rank)
+
+    def direction(self, seed: int, name: str, shape: torch.Size | tuple[int, ...], *,
+                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The materialised member direction of this family (dense eps or A B^T / sqrt(r_W))."""
+        if self.tensor_rank(shape) is None:
+            return direction(seed, name, shape, device=device, dtype=dtype)
+        return lowrank_direction(seed, name, shape, self.rank, device=device, dtype=dtype)

@@ -1,0 +1,24 @@
+"""``esreason experiment``: multi-run orchestration.
+
+- ``run FILE``    the paper's method comparison (Base / GRPO / ES / ES->GRPO / GRPO->ES):
+  trains what is missing, evaluates everything, resumable (:mod:`esreason.experiments.runner`)
+- ``sweep``       one config key over several values with the paper's smoothed reward
+  trajectories (:mod:`esreason.experiments.sweep`)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("experiment", help="run a method comparison or a sweep (many runs, one directory)")
+    actions = parser.add_subparsers(dest="experiment_action", metavar="ACTION", required=True)
+    from esreason.experiments.runner import register as register_run
+
+    register_run(actions)
+    # sweep: registered below by esreason.experiments.sweep.register(actions)
+    from esreason.experiments.sweep import register as register_sweep
+
+    register_sweep(actions)
+    return parser

@@ -1,0 +1,238 @@
+"""``esreason experiment run FILE``: train what is missing, evaluate everything, write experiment.json.
+
+Experiment directory (the contract :mod:`esreason.report` reads)::
+
+    EXP/experiment.yaml            the resolved spec (stage configs inlined); a rerun must match it
+    EXP/experiment.json            methods, their checkpoints, eval dirs, training metrics, timings
+    EXP/runs/es/, runs/grpo/       ordinary ES / GRPO run directories
+    EXP/runs/es_grpo/, grpo_es/    sequence directories (stage1_<m>/, stage2_<m>/, sequence.json)
+    EXP/runs/<m>/done.json         written when a method's training finished (final checkpoint, hash)
+    EXP/eval/<m>/                  an ``esreason eval`` directory over all tasks (summary.json, ...)
+    EXP/report/                    ``esreason report EXP`` (run at the end unless --no-report)
+
+Resumable at every level: a method with ``done.json`` is not trained again, an interrupted
+training run or sequence resumes from its last checkpoint, and the evaluation harness skips
+every problem already answered. Every method is evaluated with the same protocol and the same
+sampling seed (common random numbers across methods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from esreason.errors import UserError
+from esreason.experiments.spec import TRAINED, ExperimentSpec, MethodSpec, load_spec
+
+EXPERIMENT_FILE = "experiment.json"
+SPEC_FILE = "experiment.yaml"
+DONE_FILE = "done.json"
+KIND = "esreason-experiment"
+#: Spec keys every trained method depends on. A method's own run config is checked through its
+#: fingerprint in done.json (and by the run's --resume check while it is unfinished); evaluation
+#: changes are refused by the evaluation harness's manifest check.
+TRAINING_KEYS = ("model", "task", "updates", "data_dir")
+
+
+def _plain(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def check_same_spec(exp: Path, spec: ExperimentSpec) -> None:
+    """Refuse to continue an experiment directory whose trained methods came from another spec."""
+    stored_path = exp / SPEC_FILE
+    if not stored_path.is_file():
+        return
+    stored = yaml.safe_load(stored_path.read_text()) or {}
+    current = _plain(spec.raw)
+    for key in TRAINING_KEYS:
+        if _plain(stored.get(key)) != current.get(key):
+            raise UserError(f"{exp} was created from a different experiment (key '{key}' differs from "
+                            f"{stored_path}); use another output directory")
+
+
+def fingerprint(method: MethodSpec, spec: ExperimentSpec) -> str:
+    """SHA-256 of what training ``method`` depends on: its kind, T and its stage configs."""
+    import hashlib
+
+    inputs = {"kind": method.kind, "updates": spec.updates,
+              "configs": {k: _config_dict(getattr(spec, k)) for k in TRAINED[method.kind]}}
+    return hashlib.sha256(json.dumps(_plain(inputs), sort_keys=True).encode()).hexdigest()
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool) -> dict[str, Any]:
+    """Train ``method`` (or find it trained) and return its done.json record."""
+    from esreason.io.atomic import atomic_write_json
+    from esreason.io.hashing import hash_directory_safetensors
+
+    run = exp / "runs" / method.name
+    done = run / DONE_FILE
+    key = fingerprint(method, spec)
+    if done.is_file():
+        record = json.loads(done.read_text())
+        if record.get("fingerprint") != key:
+            raise UserError(f"{run} was trained from a different {method.name} config than this experiment's "
+                            f"(fingerprint in {done} differs); use another output directory")
+        if (exp / record["checkpoint"]).is_dir():
+            return record
+    stages = TRAINED[method.kind]
+    t0 = time.perf_counter()
+    if len(stages) == 1:
+        resume = (run / "metrics.jsonl").exists()
+        if method.kind == "es":
+            from esreason.es.run import run_es
+
+            res = run_es(spec.es, run, resume=resume, progress=progress)
+            steps, final = res.steps, res.final_checkpoint
+        else:
+            from esreason.grpo.run import run_grpo
+
+            gres = run_grpo(spec.grpo, run, resume=resume, progress=progress)
+            steps, final = gres.steps, gres.final_checkpoint
+        if final is None or steps != spec.updates:
+            raise UserError(f"{method.name} in {run} ran {steps} updates, planned {spec.updates}")
+        training = [{"method": method.kind, "metrics": _rel(run / "metrics.jsonl", exp), "updates": steps,
+                     "offset": 0}]
+    else:
+        from esreason.experiments.sequence import plan_sequence, run_sequence
+
+        plan = plan_sequence({"stages": list(stages), "total_updates": spec.updates,
+                              "es": _plain(_config_dict(spec.es)), "grpo": _plain(_config_dict(spec.grpo))})
+        result = run_sequence(plan, run, progress=progress)
+        final = result.final_checkpoint
+        training, offset = [], 0
+        for r in result.stages:
+            training.append({"method": r.method, "metrics": _rel(r.run_dir / "metrics.jsonl", exp),
+                             "updates": r.updates, "offset": offset})
+            offset += r.updates
+    record = {"method": method.name, "fingerprint": key, "checkpoint": _rel(Path(final), exp),
+              "updates": spec.updates,
+              "sha256_tensors": hash_directory_safetensors(final), "training": training,
+              "train_seconds": round(time.perf_counter() - t0, 1)}
+    atomic_write_json(done, record)
+    return record
+
+
+def _config_dict(cfg: Any) -> dict[str, Any]:
+    from esreason.config import to_dict
+
+    return to_dict(cfg)
+
+
+def _eval_settings(spec: ExperimentSpec) -> tuple[str, str]:
+    """(device, dtype) for evaluation: those of the ES (else GRPO) config, else CPU fp32."""
+    for cfg in (spec.es, spec.grpo):
+        if cfg is not None:
+            return cfg.device, cfg.dtype
+    return "cpu", "float32"
+
+
+def _evaluate(model: str, spec: ExperimentSpec, out: Path, progress: bool) -> float:
+    from esreason.eval.harness import evaluate
+
+    device, dtype = _eval_settings(spec)
+    p = spec.eval
+    t0 = time.perf_counter()
+    evaluate(model, list(p.tasks), output_dir=out, samples=p.samples, temperature=p.temperature, top_p=p.top_p,
+             max_new_tokens=p.max_new_tokens, ks=p.ks, greedy=p.greedy, limit=p.limit, data_dir=spec.data_dir,
+             seed=p.seed, batch_size=p.batch_size, progress=progress, device=device, dtype=dtype,
+             ci_resamples=p.ci_resamples)
+    return time.perf_counter() - t0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentResult:
+    output: Path
+    record: dict[str, Any]
+    report: Path | None
+
+
+def run_experiment(spec: ExperimentSpec, output: str | Path, *, progress: bool = True,
+                   report: bool = True, log: Any = print) -> ExperimentResult:
+    """Train the missing methods of ``spec``, evaluate all of them and write ``experiment.json``."""
+    from esreason.io.atomic import atomic_write_json, atomic_write_text
+
+    exp = Path(output)
+    if exp.exists() and not exp.is_dir():
+        raise UserError(f"experiment output {exp} exists and is not a directory")
+    check_same_spec(exp, spec)
+    exp.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(exp / SPEC_FILE, yaml.safe_dump(_plain(spec.raw), sort_keys=False, allow_unicode=True))
+    p = spec.eval
+    record: dict[str, Any] = {
+        "kind": KIND, "version": 1, "name": spec.name, "model": spec.model, "train_task": spec.task,
+        "updates": spec.updates,
+        "suites": {"in_domain": list(p.in_domain), "held_out": list(p.held_out)},
+        "protocol": {"samples": p.samples, "ks": list(p.ks), "temperature": p.temperature, "top_p": p.top_p,
+                     "max_new_tokens": p.max_new_tokens, "greedy": p.greedy, "limit": p.limit, "seed": p.seed},
+        "pairs": [list(x) for x in spec.pairs] or [[spec.task, t] for t in p.held_out],
+        "methods": {}, "timings": {},
+    }
+    if spec.es is not None and spec.grpo is not None:
+        from esreason.experiments.flops import compare, estimate_config
+
+        # One shared L (the ES config's response limit), as the paper matches FLOPs.
+        length = spec.es.generation.max_new_tokens
+        record["flops"] = compare([estimate_config(spec.es, "es", length=length),
+                                   estimate_config(spec.grpo, "grpo", length=length)])
+    total = len(spec.methods)
+    for i, m in enumerate(spec.methods, start=1):
+        entry: dict[str, Any] = {"kind": m.kind, "label": m.label, "eval": f"eval/{m.name}", "training": []}
+        if m.kind in TRAINED:
+            log(f"[{i}/{total}] {m.label}: training ({spec.updates} updates) -> {exp / 'runs' / m.name}")
+            done = _train(m, spec, exp, progress)
+            entry.update(checkpoint=done["checkpoint"], training=done["training"],
+                         sha256_tensors=done["sha256_tensors"])
+            model = str(exp / done["checkpoint"])
+            record["timings"][f"train/{m.name}"] = done.get("train_seconds")
+        else:
+            entry["checkpoint"] = m.checkpoint
+            model = str(m.checkpoint)
+        log(f"[{i}/{total}] {m.label}: evaluating on {', '.join(p.tasks)} -> {exp / 'eval' / m.name}")
+        record["timings"][f"eval/{m.name}"] = round(_evaluate(model, spec, exp / "eval" / m.name, progress), 1)
+        record["methods"][m.name] = entry
+        atomic_write_json(exp / EXPERIMENT_FILE, record)
+    report_path = None
+    if report:
+        from esreason.report import build_report
+
+        report_path = Path(build_report(exp).markdown)
+        log(f"report: {report_path}")
+    return ExperimentResult(exp, record, report_path)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.file, args.set or [])
+    output = Path(args.output) if args.output else Path("runs") / "experiments" / spec.name
+    print(f"experiment {spec.name}: {', '.join(m.label for m in spec.methods)} -> {output}")
+    result = run_experiment(spec, output, progress=not args.no_progress, report=not args.no_report)
+    print(f"experiment directory: {result.output}")
+    return 0
+
+
+def register(actions: Any) -> argparse.ArgumentParser:
+    p = actions.add_parser("run", help="train and evaluate Base/GRPO/ES/ES->GRPO/GRPO->ES (resumable)")
+    p.add_argument("file", help="experiment YAML (e.g. configs/experiments/demo.yaml)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key, e.g. --set updates=4 --set eval.limit=8 --set configs.es.es.sigma=1e-3")
+    p.add_argument("--output", help="experiment directory (default: runs/experiments/<name>); rerun to resume")
+    p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_run)
+    return p

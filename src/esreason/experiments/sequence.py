@@ -1,0 +1,275 @@
+"""Sequential compositions ES->GRPO and GRPO->ES (paper §"Sequentially Mixed Training").
+
+"Under the same total update budget, we additionally split training equally between two
+stages": a composition with budget T runs stage 1 for ``T // 2`` updates and stage 2 for
+``T - T // 2`` updates (an odd T gives the extra update to stage 2; T < 2 cannot be split),
+and stage 2 starts from stage 1's final checkpoint. Every number of the paper's tables
+uses the same T for single methods and compositions, so a composition costs the same
+number of updates as one ES or one GRPO run.
+
+Sequence config (YAML)::
+
+    stages: [es, grpo]           # or [grpo, es]
+    total_updates: 20            # T; default: the stage configs' common train.max_steps
+    model: demo                  # optional: the starting model (default: stage 1's config)
+    es: configs/demo/es.yaml     # an ES run config: a path (relative to the current directory
+                                 # or to this file) or a mapping
+    grpo: configs/demo/grpo.yaml # a GRPO run config: a path or a mapping
+
+Choices (the paper is silent): each stage *restarts* its data schedule (epoch 0 of its own
+seeded order), exactly as a fresh run of that method from the stage-1 checkpoint would; a
+GRPO stage-2's KL reference is its own starting model (the stage-1 checkpoint), as in any
+GRPO run. The stage-2 start is verified by tensor hash: the SHA-256 of stage 1's final
+checkpoint must equal the hash stage 2's manifest records for its starting model.
+
+Layout: ``OUT/sequence.json`` (plan, hashes, status), ``OUT/stage1_<m>/`` and
+``OUT/stage2_<m>/`` (ordinary ES / GRPO run directories). Rerunning resumes: a finished
+stage is skipped, an interrupted one continues from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from esreason.config import ConfigError, build, merge, parse_overrides, read_yaml, to_dict
+from esreason.errors import UserError
+
+STAGE_METHODS = ("es", "grpo")
+SEQUENCE_FILE = "sequence.json"
+TOP_KEYS = ("stages", "total_updates", "model", "es", "grpo")
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage: ``method`` in {es, grpo}, its config (train.max_steps = ``updates``), its directory name."""
+
+    index: int
+    method: str
+    updates: int
+    config: Any
+    dirname: str
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """A validated composition: stage 2's ``config.model`` is filled in when stage 1 has finished."""
+
+    stages: tuple[StagePlan, StagePlan]
+    total_updates: int
+
+    @property
+    def name(self) -> str:
+        return "_".join(s.method for s in self.stages)
+
+
+@dataclass(frozen=True)
+class StageResult:
+    method: str
+    run_dir: Path
+    updates: int
+    start_model: str
+    final_checkpoint: Path
+    final_sha256: str
+
+
+@dataclass(frozen=True)
+class SequenceResult:
+    output: Path
+    stages: tuple[StageResult, ...]
+
+    @property
+    def final_checkpoint(self) -> Path:
+        return self.stages[-1].final_checkpoint
+
+
+def split_budget(total: int) -> tuple[int, int]:
+    """Equal split of T updates over two stages; an odd T gives the extra update to stage 2."""
+    if isinstance(total, bool) or not isinstance(total, int) or total < 2:
+        raise ConfigError(f"config key 'total_updates': a budget of {total!r} updates cannot be split into "
+                          "two stages of at least one update each (need an integer >= 2)")
+    first = total // 2
+    return first, total - first
+
+
+def _config_class(method: str) -> type:
+    if method == "es":
+        from esreason.config import RunConfig
+
+        return RunConfig
+    from esreason.grpo.config import GRPORunConfig
+
+    return GRPORunConfig
+
+
+def _stage_mapping(value: Any, key: str, base_dir: Path | None) -> dict[str, Any]:
+    """A stage config given as a path (relative to the sequence file) or an inline mapping."""
+    if isinstance(value, str):
+        path = Path(value)
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
+        if not path.is_file():
+            raise ConfigError(f"config key '{key}': config file not found: {value}")
+        return read_yaml(path)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise ConfigError(f"config key '{key}': expected a config file path or a mapping, got {value!r}")
+
+
+def plan_sequence(data: Mapping[str, Any], base_dir: Path | None = None) -> SequencePlan:
+    """Validate a sequence mapping and build both stage configs (nothing is run)."""
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(TOP_KEYS)}")
+    stages = data.get("stages")
+    if not isinstance(stages, (list, tuple)) or len(stages) != 2:
+        raise ConfigError(f"config key 'stages': expected two stages, [es, grpo] or [grpo, es]; got {stages!r}")
+    for s in stages:
+        if s not in STAGE_METHODS:
+            raise ConfigError(f"config key 'stages': unknown stage {s!r}; choose from {', '.join(STAGE_METHODS)}")
+    if stages[0] == stages[1]:
+        raise ConfigError(f"config key 'stages': a composition needs two different methods, got {list(stages)}")
+    mappings = {}
+    for method in stages:
+        if method not in data:
+            raise ConfigError(f"config key '{method}': missing the {method} stage's run config (path or mapping)")
+        mappings[method] = _stage_mapping(data[method], method, base_dir)
+    total = data.get("total_updates")
+    if total is None:
+        steps = {m: (mappings[m].get("train") or {}).get("max_steps") for m in stages}
+        if len(set(steps.values())) != 1 or None in steps.values():
+            raise ConfigError("config key 'total_updates': not given and the stage configs do not share one "
+                              f"train.max_steps ({steps}); set total_updates")
+        total = next(iter(steps.values()))
+    budgets = split_budget(total)
+    model = data.get("model")
+    plans = []
+    for i, (method, updates) in enumerate(zip(stages, budgets)):
+        mapping = merge(mappings[method], {"train": {"max_steps": updates}})
+        if i == 0 and model is not None:
+            mapping["model"] = model
+        try:
+            cfg = build(_config_class(method), mapping)
+        except ConfigError as exc:
+            raise ConfigError(f"stage {i + 1} ({method}): {exc}") from None
+        plans.append(StagePlan(i + 1, method, updates, cfg, f"stage{i + 1}_{method}"))
+    return SequencePlan((plans[0], plans[1]), total)
+
+
+def load_sequence(path: str | Path | None, overrides: Sequence[str] = (),
+                  data: Mapping[str, Any] | None = None) -> SequencePlan:
+    """Read a sequence YAML (or use ``data``) and apply ``--set`` overrides (``es.es.sigma=...``)."""
+    base_dir = Path(path).resolve().parent if path is not None else None
+    raw = dict(data) if data is not None else (read_yaml(path) if path is not None else {})
+    over = parse_overrides(overrides)
+    for method in STAGE_METHODS:  # stage overrides merge into the stage's mapping, wherever it came from
+        if method in over and method in raw:
+            raw[method] = merge(_stage_mapping(raw[method], method, base_dir), over.pop(method))
+    return plan_sequence(merge(raw, over), base_dir)
+
+
+def _run_stage(stage: StagePlan, out: Path, progress: bool) -> Path:
+    resume = (out / "metrics.jsonl").exists()
+    if stage.method == "es":
+        from esreason.es.run import run_es
+
+        result = run_es(stage.config, out, resume=resume, progress=progress)
+        steps, final = result.steps, result.final_checkpoint
+    else:
+        from esreason.grpo.run import run_grpo
+
+        gres = run_grpo(stage.config, out, resume=resume, progress=progress)
+        steps, final = gres.steps, gres.final_checkpoint
+    if steps != stage.updates or final is None:
+        raise UserError(f"stage {stage.index} ({stage.method}) in {out} ran {steps} updates, planned "
+                        f"{stage.updates}; check train.epochs and the training set size")
+    return Path(final)
+
+
+def _recorded_start_hash(run_dir: Path) -> str | None:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return (manifest.get("model") or {}).get("sha256_tensors")
+
+
+def run_sequence(plan: SequencePlan, output: str | Path, *, progress: bool = True) -> SequenceResult:
+    """Run both stages into ``output`` (resumable: finished stages are skipped)."""
+    from esreason.io.atomic import atomic_write_json
+    from esreason.io.hashing import hash_directory_safetensors
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"kind": "esreason-sequence", "stages": [s.method for s in plan.stages],
+                              "total_updates": plan.total_updates,
+                              "split": [s.updates for s in plan.stages],
+                              "budget_rule": "stage 1: T // 2, stage 2: T - T // 2 (equal split)",
+                              "data_schedule": "each stage restarts its own schedule", "results": []}
+    seq_file = out / SEQUENCE_FILE
+    if seq_file.exists():
+        old = json.loads(seq_file.read_text())
+        if old.get("stages") != record["stages"] or old.get("split") != record["split"]:
+            raise UserError(f"{out} holds a sequence {old.get('stages')} split {old.get('split')}; "
+                            f"this one is {record['stages']} split {record['split']}: choose another output")
+    atomic_write_json(seq_file, record)
+    results: list[StageResult] = []
+    start_model = plan.stages[0].config.model
+    for stage in plan.stages:
+        cfg = stage.config
+        if results:
+            import dataclasses
+
+            cfg = dataclasses.replace(cfg, model=str(results[-1].final_checkpoint.resolve()))
+            stage = dataclasses.replace(stage, config=cfg)
+        run_dir = out / stage.dirname
+        final = _run_stage(stage, run_dir, progress)
+        if results:
+            recorded = _recorded_start_hash(run_dir)
+            if recorded != results[-1].final_sha256:
+                raise UserError(f"stage {stage.index} in {run_dir} did not start from stage {stage.index - 1}'s "
+                                f"final checkpoint (tensor hash {recorded} != {results[-1].final_sha256})")
+        results.append(StageResult(stage.method, run_dir, stage.updates, str(cfg.model), final,
+                                   hash_directory_safetensors(final)))
+        record["results"] = [{"stage": i + 1, "method": r.method, "run_dir": r.run_dir.name, "updates": r.updates,
+                              "start_model": r.start_model, "final_checkpoint": str(r.final_checkpoint),
+                              "final_sha256": r.final_sha256} for i, r in enumerate(results)]
+        if len(results) == 2:
+            record["stage2_start_matches_stage1_final"] = True
+        record["start_model"] = start_model
+        atomic_write_json(seq_file, record)
+    return SequenceResult(out, tuple(results))
+
+
+def stage_configs_dict(plan: SequencePlan) -> list[dict[str, Any]]:
+    return [{"method": s.method, "updates": s.updates, "config": to_dict(s.config)} for s in plan.stages]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cmd_train_sequence(args: argparse.Namespace) -> int:
+    plan = load_sequence(args.config, args.set or [])
+    output = Path(args.output) if args.output else Path("runs") / (Path(args.config).stem if args.config
+                                                                    else plan.name)
+    print(f"sequence {' -> '.join(s.method.upper() for s in plan.stages)}: {plan.total_updates} updates "
+          f"split {plan.stages[0].updates} + {plan.stages[1].updates}")
+    result = run_sequence(plan, output, progress=not args.no_progress)
+    for r in result.stages:
+        print(f"  {r.method}: {r.updates} updates -> {r.final_checkpoint}")
+    print(f"final checkpoint: {result.final_checkpoint}")
+    print(f"run directory: {output}")
+    return 0
+
+
+def register(train_subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``sequence`` to the ``esreason train`` sub-commands."""
+    p = train_subparsers.add_parser(
+        "sequence", help="ES->GRPO or GRPO->ES under one update budget (paper §'Sequentially Mixed Training')")
+    p.add_argument("--config", required=True, help="sequence YAML (stages, total_updates, es, grpo)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a key, e.g. --set total_updates=10 or --set es.es.sigma=1e-3 (repeatable)")
+    p.add_argument("--output", help="sequence directory (default: runs/<config name>); rerun to resume")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_train_sequence)
+    return p

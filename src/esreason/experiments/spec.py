@@ -1,0 +1,319 @@
+"""The experiment file of ``esreason experiment run`` (paper RQ1: Base / GRPO / ES / ES->GRPO / GRPO->ES).
+
+One YAML names the model, the training task, the methods, the shared update budget, the
+ES and GRPO run configs, the evaluation suites and the sampling protocol::
+
+    name: demo
+    model: demo                       # 'demo', a local HF directory or a hub id
+    task: demo-add                    # training task (registry name)
+    updates: 20                       # T for every trained method (compositions: T//2 + T-T//2)
+    methods: [base, grpo, es, es_grpo, grpo_es]
+    checkpoints:                      # optional: evaluate these instead of training the method
+      grpo: {path: org/released-grpo, label: "GRPO (released)"}
+    configs:
+      es: ../demo/es.yaml             # path (relative to this file) or an inline mapping
+      grpo: ../demo/grpo.yaml
+    eval:
+      in_domain: [demo-indomain]      # suite or task names
+      held_out: [demo-heldout]
+      samples: 32
+      ks: [1, 16, 32]
+      temperature: 0.6
+      max_new_tokens: 64
+      greedy: true
+      limit: 100                      # first N test problems per task (null: all)
+    report:
+      pairs: [[demo-add, demo-sub]]   # train -> test pairs for the bar charts
+
+The ES/GRPO configs' ``model``, ``task`` and ``train.max_steps`` are replaced by the
+experiment's ``model``, ``task`` and ``updates``, so every method shares them. Every part is
+validated before anything is trained: unknown methods or keys, a model or checkpoint path
+that does not exist, unknown suites or tasks, a budget that cannot be split, invalid run
+configs (errors name the key).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from esreason.config import ConfigError, build, merge, parse_overrides, read_yaml
+
+METHODS = ("base", "grpo", "es", "es_grpo", "grpo_es")
+LABELS = {"base": "Base", "grpo": "GRPO", "es": "ES", "es_grpo": "ES→GRPO", "grpo_es": "GRPO→ES"}
+TRAINED = {"grpo": ("grpo",), "es": ("es",), "es_grpo": ("es", "grpo"), "grpo_es": ("grpo", "es")}
+TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir")
+EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
+             "limit", "batch_size", "seed", "ci_resamples")
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """How every method is evaluated (paper appendix "Evaluation Configuration")."""
+
+    in_domain: tuple[str, ...]
+    """In-domain task names (suites expanded)."""
+    held_out: tuple[str, ...]
+    """Held-out task names (suites expanded; a task in both lists counts as in-domain)."""
+    samples: int = 32
+    """M responses per problem."""
+    ks: tuple[int, ...] = (1, 16, 32)
+    """K for Pass@K (and Maj@K for K > 1)."""
+    temperature: float = 0.6
+    """Sampling temperature of the M responses."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    max_new_tokens: int = 2048
+    """Response length limit."""
+    greedy: bool = False
+    """Also one greedy response per problem (greedy accuracy)."""
+    limit: int | None = None
+    """First ``limit`` test problems of each task (None: all)."""
+    batch_size: int = 256
+    """Sampler rows per generate call."""
+    seed: int = 0
+    """Sampling seed (the same for every method: common random numbers across methods)."""
+    ci_resamples: int = 1000
+    """Bootstrap resamples for the confidence intervals (0: none)."""
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.in_domain + self.held_out))
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One row of the comparison: trained here (es, grpo, compositions), the base model, or a checkpoint."""
+
+    name: str
+    label: str
+    kind: str
+    """'base', 'checkpoint' (evaluated, not trained), 'es', 'grpo', 'es_grpo' or 'grpo_es'."""
+    checkpoint: str | None = None
+    """The model evaluated for 'base' and 'checkpoint' methods."""
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    name: str
+    model: str
+    task: str
+    updates: int
+    methods: tuple[MethodSpec, ...]
+    es: Any = None
+    """The ES RunConfig every ES stage uses (model/task/max_steps set by the experiment)."""
+    grpo: Any = None
+    """The GRPORunConfig every GRPO stage uses."""
+    eval: EvalProtocol = field(default_factory=lambda: EvalProtocol((), ()))
+    pairs: tuple[tuple[str, str], ...] = ()
+    data_dir: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict)
+    """The resolved mapping (stage configs inlined): what a resumed experiment must match."""
+
+    def method(self, name: str) -> MethodSpec:
+        return next(m for m in self.methods if m.name == name)
+
+
+def _tasks(values: Any, key: str) -> tuple[str, ...]:
+    from esreason import tasks as registry
+    from esreason.errors import UserError
+
+    if isinstance(values, str):
+        values = [values]
+    if not isinstance(values, (list, tuple)) or not values:
+        raise ConfigError(f"config key '{key}': expected a list of suite or task names, got {values!r}")
+    out: list[str] = []
+    for v in values:
+        if v in registry.SUITES:
+            out.extend(registry.SUITES[v])
+            continue
+        try:
+            registry.get(str(v))
+        except UserError:
+            raise ConfigError(f"config key '{key}': {v!r} is neither a suite ({', '.join(sorted(registry.SUITES))}) "
+                              f"nor a task ({', '.join(registry.names())})") from None
+        out.append(str(v))
+    return tuple(dict.fromkeys(out))
+
+
+def expand_env(value: Any, key: str) -> Any:
+    """``${NAME}`` -> the environment variable NAME (for checkpoints a config cannot name, e.g. a
+    released model whose hub id the paper does not give); unset -> ConfigError naming the key."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", value.strip())
+        if match:
+            if not os.environ.get(match.group(1)):
+                raise ConfigError(f"config key '{key}': environment variable {match.group(1)} is not set "
+                                  "(set it to a local checkpoint directory or a hub id)")
+            return os.environ[match.group(1)]
+    return value
+
+
+def _check_model(spec: str, key: str) -> None:
+    from esreason.backends.hf import resolve_model_path
+    from esreason.errors import UserError
+
+    if not isinstance(spec, str) or not spec:
+        raise ConfigError(f"config key '{key}': expected a model ('demo', a directory or a hub id), got {spec!r}")
+    try:
+        resolve_model_path(spec)
+    except UserError as exc:
+        raise ConfigError(f"config key '{key}': {exc}") from None
+
+
+def _mapping(value: Any, key: str, base_dir: Path | None) -> dict[str, Any]:
+    if isinstance(value, str):
+        path = Path(value)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise ConfigError(f"config key '{key}': config file not found: {path}")
+        return read_yaml(path)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise ConfigError(f"config key '{key}': expected a config file path or a mapping, got {value!r}")
+
+
+def _eval_protocol(data: Any) -> EvalProtocol:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config key 'eval': expected a mapping, got {data!r}")
+    unknown = sorted(set(data) - set(EVAL_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown config key 'eval.{unknown[0]}'; known keys: {', '.join(EVAL_KEYS)}")
+    if "in_domain" not in data or "held_out" not in data:
+        raise ConfigError("config key 'eval': needs 'in_domain' and 'held_out' (suite or task names)")
+    rest = {k: v for k, v in data.items() if k not in ("in_domain", "held_out")}
+    proto = build(EvalProtocol, {**rest, "in_domain": list(_tasks(data["in_domain"], "eval.in_domain")),
+                                 "held_out": list(_tasks(data["held_out"], "eval.held_out"))}, prefix="eval")
+    held = tuple(t for t in proto.held_out if t not in proto.in_domain)
+    if proto.samples < 1:
+        raise ConfigError(f"config key 'eval.samples': must be >= 1 (got {proto.samples})")
+    bad = [k for k in proto.ks if not 1 <= k <= proto.samples]
+    if bad or not proto.ks:
+        raise ConfigError(f"config key 'eval.ks': each K must be in [1, eval.samples={proto.samples}] "
+                          f"(got {list(proto.ks)})")
+    if proto.limit is not None and proto.limit < 1:
+        raise ConfigError(f"config key 'eval.limit': must be >= 1 (got {proto.limit})")
+    from dataclasses import replace
+
+    return replace(proto, held_out=held)
+
+
+def _stage_config(kind: str, mapping: dict[str, Any], model: str, task: str, updates: int) -> Any:
+    from esreason.config import RunConfig
+
+    mapping = merge(mapping, {"model": model, "task": task, "train": {"max_steps": updates}})
+    if kind == "es":
+        cls: type = RunConfig
+    else:
+        from esreason.grpo.config import GRPORunConfig
+
+        cls = GRPORunConfig
+    try:
+        return build(cls, mapping)
+    except ConfigError as exc:
+        raise ConfigError(f"configs.{kind}: {exc}") from None
+
+
+def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> ExperimentSpec:
+    """Validate an experiment mapping completely (nothing is run)."""
+    from esreason.experiments.sequence import split_budget
+
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(TOP_KEYS)}")
+    for key in ("name", "model", "task", "methods", "eval"):
+        if key not in data:
+            raise ConfigError(f"config key '{key}': missing")
+    name, model, task = data["name"], data["model"], data["task"]
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ConfigError(f"config key 'name': expected a plain name, got {name!r}")
+    _check_model(model, "model")
+    _tasks([task], "task")
+    methods = data["methods"]
+    if not isinstance(methods, (list, tuple)) or not methods:
+        raise ConfigError(f"config key 'methods': expected a list from {', '.join(METHODS)}, got {methods!r}")
+    for m in methods:
+        if m not in METHODS:
+            raise ConfigError(f"config key 'methods': unknown method {m!r}; choose from {', '.join(METHODS)}")
+    if len(set(methods)) != len(methods):
+        raise ConfigError(f"config key 'methods': listed twice: {methods}")
+    checkpoints = data.get("checkpoints") or {}
+    if not isinstance(checkpoints, Mapping):
+        raise ConfigError(f"config key 'checkpoints': expected a mapping method -> checkpoint, got {checkpoints!r}")
+    specs: list[MethodSpec] = []
+    for m in methods:
+        if m in checkpoints:
+            entry = checkpoints[m]
+            entry = {"path": entry} if isinstance(entry, str) else entry
+            if not isinstance(entry, Mapping) or "path" not in entry or set(entry) - {"path", "label"}:
+                raise ConfigError(f"config key 'checkpoints.{m}': expected a path/hub id or {{path, label}}")
+            entry = {**entry, "path": expand_env(entry["path"], f"checkpoints.{m}.path")}
+            _check_model(entry["path"], f"checkpoints.{m}.path")
+            specs.append(MethodSpec(m, str(entry.get("label") or f"{LABELS[m]} (checkpoint)"), "checkpoint",
+                                    str(entry["path"])))
+        elif m == "base":
+            specs.append(MethodSpec(m, LABELS[m], "base", model))
+        else:
+            specs.append(MethodSpec(m, LABELS[m], m))
+    extra = sorted(set(checkpoints) - set(methods))
+    if extra:
+        raise ConfigError(f"config key 'checkpoints.{extra[0]}': method {extra[0]!r} is not in 'methods'")
+    needed = sorted({k for s in specs if s.kind in TRAINED for k in TRAINED[s.kind]})
+    updates = data.get("updates")
+    if needed:
+        if isinstance(updates, bool) or not isinstance(updates, int) or updates < 1:
+            raise ConfigError(f"config key 'updates': expected an integer >= 1, got {updates!r}")
+        if any(s.kind in ("es_grpo", "grpo_es") for s in specs):
+            try:
+                split_budget(updates)
+            except ConfigError as exc:
+                raise ConfigError(str(exc).replace("'total_updates'", "'updates'")) from None
+    configs = data.get("configs") or {}
+    if not isinstance(configs, Mapping):
+        raise ConfigError(f"config key 'configs': expected a mapping with 'es' and/or 'grpo', got {configs!r}")
+    unknown_cfg = sorted(set(configs) - {"es", "grpo"})
+    if unknown_cfg:
+        raise ConfigError(f"unknown config key 'configs.{unknown_cfg[0]}'; known keys: es, grpo")
+    stage_cfgs: dict[str, Any] = {}
+    raw_cfgs: dict[str, Any] = {}
+    for kind in needed:
+        if kind not in configs:
+            raise ConfigError(f"config key 'configs.{kind}': a {kind} run config is needed by the methods "
+                              f"{[s.name for s in specs if s.kind in TRAINED and kind in TRAINED[s.kind]]}")
+    for kind in configs:  # every given config is validated, needed or not (methods may be added later)
+        raw_cfgs[kind] = _mapping(configs[kind], f"configs.{kind}", base_dir)
+        stage_cfgs[kind] = _stage_config(kind, raw_cfgs[kind], model, task, updates or 1)
+    proto = _eval_protocol(data["eval"])
+    report = data.get("report") or {}
+    pairs_raw = report.get("pairs", []) if isinstance(report, Mapping) else None
+    if pairs_raw is None or not isinstance(pairs_raw, (list, tuple)):
+        raise ConfigError(f"config key 'report': expected a mapping with 'pairs', got {report!r}")
+    pairs = []
+    for p in pairs_raw:
+        if not (isinstance(p, (list, tuple)) and len(p) == 2 and all(t in proto.tasks + (task,) for t in p)):
+            raise ConfigError(f"config key 'report.pairs': each pair is [train_task, test_task] from the "
+                              f"evaluated tasks {list(proto.tasks)}; got {p!r}")
+        pairs.append((str(p[0]), str(p[1])))
+    resolved = dict(data)
+    resolved["configs"] = raw_cfgs
+    return ExperimentSpec(name=name, model=model, task=task, updates=int(updates or 0), methods=tuple(specs),
+                          es=stage_cfgs.get("es"), grpo=stage_cfgs.get("grpo"), eval=proto, pairs=tuple(pairs),
+                          data_dir=data.get("data_dir"), raw=resolved)
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec:
+    """Read an experiment YAML and apply ``--set`` overrides (e.g. ``updates=4``, ``eval.limit=8``)."""
+    p = Path(path)
+    base_dir = p.resolve().parent
+    data = read_yaml(p)
+    over = parse_overrides(overrides)
+    cfg_over = over.get("configs")
+    if isinstance(cfg_over, Mapping) and isinstance(data.get("configs"), Mapping):
+        # a run-config override merges into that config, whether it was given inline or as a path
+        data["configs"] = {k: (_mapping(v, f"configs.{k}", base_dir) if k in cfg_over else v)
+                           for k, v in data["configs"].items()}
+    return parse_spec(merge(data, over), base_dir)

@@ -1,0 +1,593 @@
+"""``esreason experiment sweep``: one ES config key over several values, one directory.
+
+Reproduces the paper's RQ3 studies (§"Reward Normalization, Perturbation Scale, and
+Population-Size Scaling", §"Why Two-Point ZO Intuition Does Not Directly Transfer",
+appendix "Population-Size Scaling Trajectories"):
+
+1. plan: the base config (YAML, ``--set`` overrides) with ``PARAM = value`` for every
+   value is built and validated *before anything is trained*; a bad value is a
+   :class:`~esreason.errors.UserError` naming the key and the value;
+2. train: one ES run per value under ``OUTPUT/runs/<param>=<value>/`` via
+   :func:`esreason.es.run.run_es`; finished runs are skipped, partial ones resumed;
+3. smooth: per-update mean reward ``reward/mean`` -> the paper's debiased exponential
+   smoothing (weight 0.99) and the residual band (:mod:`esreason.experiments.smoothing`);
+4. report: the checkpoint table (paper: updates 100/200/300, values within 0.01 of the
+   N = 64 reference shaded, gap = reference - value) as markdown, LaTeX and JSON; the
+   trajectory plot; with a held-out suite, every endpoint evaluated by
+   :func:`esreason.eval.harness.evaluate` (the paper's two-point ablation reports no
+   held-out advantage).
+
+A sweep config is a normal ES config plus an optional ``sweep:`` section
+(``param``, ``values``, ``reference``, ``checkpoints``, ``heldout_suite``, ``tolerance``,
+``band_window``); command-line flags override it. See docs/sweeps.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import time
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from esreason.config import RunConfig, build, merge, parse_overrides, read_yaml, to_dict
+from esreason.errors import UserError
+from esreason.experiments.smoothing import (PAPER_BETA, PAPER_CHECKPOINTS, PAPER_TOLERANCE, CheckpointTable,
+                                            checkpoint_table, debiased_ema, residual_band)
+
+SWEEP_KEYS = ("param", "values", "reference", "checkpoints", "heldout_suite", "tolerance", "band_window")
+DEFAULT_BAND_WINDOW = 21
+"""Residual-band window (updates, centred); the paper does not state its window."""
+DONE_FILE = "sweep_complete.json"
+"""Written into a run directory once its ES run has returned; marks it finished."""
+REWARD_KEY = "reward/mean"
+HELDOUT_METRICS = ("greedy_acc", "pass@", "maj@")
+"""Prefixes of the held-out metrics in heldout.md / sweep.json (all of them: RUN/eval/<suite>/summary.json)."""
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What to sweep and how to report it (the ``sweep:`` section after flags are applied).
+
+    values: raw values (YAML scalars) in column order. reference: raw value of the
+    reference column (None: the last value, as the paper's N = 64). checkpoints: updates
+    (1-based) of the table. tolerance: the paper's 0.01. band_window: see
+    :func:`esreason.experiments.smoothing.residual_band`.
+    """
+
+    param: str
+    values: tuple[Any, ...]
+    reference: Any | None = None
+    checkpoints: tuple[int, ...] = PAPER_CHECKPOINTS
+    heldout_suite: str | None = None
+    tolerance: float = PAPER_TOLERANCE
+    band_window: int = DEFAULT_BAND_WINDOW
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One value of the sweep: its label, the coerced value, its config and run directory."""
+
+    label: str
+    value: Any
+    cfg: RunConfig
+    run_dir: Path
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Validated sweep: nothing is trained before a plan exists."""
+
+    spec: SweepSpec
+    base: dict[str, Any]
+    points: tuple[SweepPoint, ...]
+    reference: str
+    output: Path
+    heldout_tasks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """Per-update mean reward x_t (t = 1..T), its smoothing s_t and the residual band."""
+
+    raw: np.ndarray
+    smoothed: np.ndarray
+    band: np.ndarray
+
+
+def parse_values(text: str) -> tuple[Any, ...]:
+    """``"8,16,32"`` -> (8, 16, 32); every item parsed as a YAML scalar ("none" stays a string)."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise UserError(f"--values: expected a comma-separated list such as 8,16,32, got {text!r}")
+    return tuple(_scalar(t) for t in items)
+
+
+def _scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_checkpoints(raw: Any, where: str) -> tuple[int, ...]:
+    """Updates of the checkpoint table: a list or ``"100,200,300"``; positive, increasing integers."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, (list, tuple)) or not items:
+        raise UserError(f"{where}: expected a list of updates such as 100,200,300, got {raw!r}")
+    out = []
+    for item in items:
+        value = _scalar(item.strip()) if isinstance(item, str) else item
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{where}: {item!r} is not an update number >= 1")
+        out.append(value)
+    if out != sorted(set(out)):
+        raise UserError(f"{where}: updates must be distinct and increasing, got {out}")
+    return tuple(out)
+
+
+def make_spec(section: Mapping[str, Any] | None, *, param: str | None = None, values: str | None = None,
+              reference: str | None = None, checkpoints: str | None = None, heldout_suite: str | None = None,
+              tolerance: float | None = None, band_window: int | None = None) -> SweepSpec:
+    """Merge the config's ``sweep:`` section with command-line flags (flags win)."""
+    section = dict(section or {})
+    unknown = sorted(set(section) - set(SWEEP_KEYS))
+    if unknown:
+        raise UserError(f"unknown config key 'sweep.{unknown[0]}'; known keys under sweep: {', '.join(SWEEP_KEYS)}")
+    name = param if param is not None else section.get("param")
+    if not isinstance(name, str) or not name.strip():
+        raise UserError("no sweep parameter: pass --param KEY or set sweep.param in the config")
+    if values is not None:
+        vals = parse_values(values)
+    else:
+        raw = section.get("values")
+        if isinstance(raw, str):
+            vals = parse_values(raw)
+        elif isinstance(raw, list) and raw:
+            vals = tuple(raw)
+        else:
+            raise UserError("no sweep values: pass --values V1,V2 or set sweep.values to a non-empty list")
+    ref = _scalar(reference) if reference is not None else section.get("reference")
+    cps = parse_checkpoints(checkpoints, "--checkpoints") if checkpoints is not None else (
+        parse_checkpoints(section["checkpoints"], "sweep.checkpoints") if "checkpoints" in section
+        else PAPER_CHECKPOINTS)
+    suite = heldout_suite if heldout_suite is not None else section.get("heldout_suite")
+    if suite is not None and (not isinstance(suite, str) or not suite):
+        raise UserError(f"sweep.heldout_suite: expected a suite name, got {suite!r}")
+    tol = tolerance if tolerance is not None else section.get("tolerance", PAPER_TOLERANCE)
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or tol < 0:
+        raise UserError(f"sweep.tolerance: expected a number >= 0, got {tol!r}")
+    win = band_window if band_window is not None else section.get("band_window", DEFAULT_BAND_WINDOW)
+    if isinstance(win, bool) or not isinstance(win, int) or win < 1:
+        raise UserError(f"sweep.band_window: expected an integer >= 1, got {win!r}")
+    return SweepSpec(name.strip(), vals, ref, cps, suite, float(tol), win)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def format_value(value: Any) -> str:
+    """Label of a coerced config value: ``8``, ``zscore``, ``0.001``, ``true``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(format_value(v) for v in value)
+    return "null" if value is None else str(value)
+
+
+def _nest(dotted: str, value: Any) -> dict[str, Any]:
+    node: Any = value
+    for part in reversed(dotted.split(".")):
+        node = {part: node}
+    return node
+
+
+def check_param(param: str) -> None:
+    """UserError unless ``param`` names a leaf key of :class:`RunConfig` (e.g. ``es.shaping``)."""
+    cls: Any = RunConfig
+    parts = param.split(".")
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        where = ".".join(parts[:i]) or "top level"
+        if part not in fields:
+            raise UserError(f"sweep param '{param}' is not a config key; known keys under {where}: "
+                            f"{', '.join(fields)}")
+        hint = typing.get_type_hints(cls)[part]
+        if dataclasses.is_dataclass(hint):
+            if i == len(parts) - 1:
+                raise UserError(f"sweep param '{param}' is a config section; name one of its keys, e.g. "
+                                f"{param}.{dataclasses.fields(hint)[0].name}")
+            cls = hint
+        elif i < len(parts) - 1:
+            raise UserError(f"sweep param '{param}': '{'.'.join(parts[:i + 1])}' is not a section")
+
+
+def lookup(cfg: Any, dotted: str) -> Any:
+    """``lookup(cfg, "es.population_size")`` -> cfg.es.population_size."""
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _dirname(param: str, label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=+-]", "_", f"{param}={label}")
+
+
+def plan_sweep(base: Mapping[str, Any], spec: SweepSpec, output: str | Path) -> SweepPlan:
+    """Build and validate every run of the sweep; raises before anything is trained.
+
+    base: the ES config mapping (YAML without its ``sweep:`` section, ``--set`` applied).
+    """
+    check_param(spec.param)
+    base = dict(base)
+    build(RunConfig, base)  # the base config itself must be valid (errors name its key)
+    points: list[SweepPoint] = []
+    out = Path(output)
+    for raw in spec.values:
+        try:
+            cfg = build(RunConfig, merge(base, _nest(spec.param, raw)))
+        except UserError as exc:
+            raise UserError(f"sweep value {spec.param}={format_value(raw)}: {exc}") from None
+        label = format_value(lookup(cfg, spec.param))
+        if any(p.label == label for p in points):
+            raise UserError(f"sweep value {spec.param}={format_value(raw)} is given twice (as {label})")
+        points.append(SweepPoint(label, lookup(cfg, spec.param), cfg, out / "runs" / _dirname(spec.param, label)))
+    reference = _reference_label(base, spec, points)
+    tasks: tuple[str, ...] = ()
+    if spec.heldout_suite is not None:
+        from esreason.tasks import suite
+
+        tasks = tuple(suite(spec.heldout_suite))
+    steps = [p.cfg.train.max_steps for p in points]
+    if all(s is not None for s in steps) and spec.checkpoints[-1] > max(steps):  # type: ignore[type-var]
+        raise UserError(f"sweep.checkpoints: update {spec.checkpoints[-1]} is beyond train.max_steps="
+                        f"{max(steps)} (every run stops earlier); choose updates <= {max(steps)}")
+    return SweepPlan(spec, base, tuple(points), reference, out, tasks)
+
+
+def _reference_label(base: Mapping[str, Any], spec: SweepSpec, points: Sequence[SweepPoint]) -> str:
+    if spec.reference is None:
+        return points[-1].label
+    try:
+        value = lookup(build(RunConfig, merge(dict(base), _nest(spec.param, spec.reference))), spec.param)
+    except UserError as exc:
+        raise UserError(f"sweep reference {spec.param}={format_value(spec.reference)}: {exc}") from None
+    label = format_value(value)
+    if label not in [p.label for p in points]:
+        raise UserError(f"sweep reference {spec.param}={label} is not one of the values "
+                        f"{', '.join(p.label for p in points)}")
+    return label
+
+
+def load_sweep_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(ES config mapping with ``--set`` applied, ``sweep:`` section) of a sweep config file."""
+    data = read_yaml(path)
+    section = data.pop("sweep", None)
+    if section is not None and not isinstance(section, dict):
+        raise UserError(f"config key 'sweep': expected a mapping, got {section!r}")
+    return merge(data, parse_overrides(overrides)), dict(section or {})
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(_flat(v, key) if isinstance(v, Mapping) else {key: v})
+    return out
+
+
+def is_finished(point: SweepPoint) -> bool:
+    """True when ``point``'s run returned before with this exact config (UserError if another config)."""
+    marker = point.run_dir / DONE_FILE
+    if not marker.is_file():
+        return False
+    saved = _flat(json.loads(marker.read_text())["config"])
+    now = _flat(to_dict(point.cfg))
+    diffs = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
+             if saved.get(k) != now.get(k)]
+    if diffs:
+        raise UserError(f"{point.run_dir} holds a finished run with another config ({'; '.join(diffs[:3])}); "
+                        "choose another --output")
+    return True
+
+
+def train_point(point: SweepPoint, progress: bool) -> str:
+    """Train (or resume) one run unless finished; returns 'skipped', 'resumed' or 'trained'."""
+    from esreason.es.run import run_es
+    from esreason.io import atomic_write_json
+
+    if is_finished(point):
+        return "skipped"
+    resume = point.run_dir.exists() and any(point.run_dir.iterdir())
+    result = run_es(point.cfg, point.run_dir, resume=resume, progress=progress)
+    atomic_write_json(point.run_dir / DONE_FILE, {"steps": result.steps, "config": to_dict(point.cfg),
+                                                  "final_checkpoint": str(result.final_checkpoint)})
+    return "resumed" if resume else "trained"
+
+
+def load_rewards(run_dir: Path) -> tuple[np.ndarray, float]:
+    """(x_1..x_T from ``reward/mean``, summed ``time/step`` seconds) of a run directory."""
+    from esreason.io import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    rows = [r for r in read_metrics(path) if REWARD_KEY in r]
+    steps = [r["step"] for r in rows]
+    if steps != list(range(1, len(rows) + 1)):
+        raise UserError(f"{path}: '{REWARD_KEY}' rows are not the updates 1..{len(rows)} in order")
+    return (np.array([float(r[REWARD_KEY]) for r in rows], dtype=np.float64),
+            float(sum(float(r.get("time/step", 0.0)) for r in rows)))
+
+
+def trajectory(raw: np.ndarray, window: int) -> Trajectory:
+    """Smoothing and band of one run (paper weight 0.99)."""
+    smoothed = debiased_ema(raw, PAPER_BETA)
+    return Trajectory(raw, smoothed, residual_band(raw, smoothed, window))
+
+
+def evaluate_endpoint(point: SweepPoint, suite: str, tasks: Sequence[str], progress: bool) -> Any:
+    """Evaluate the run's last checkpoint on ``tasks`` into ``RUN/eval/<suite>`` (resumable).
+
+    The protocol is the run config's ``eval:`` section (samples, temperature, ks, limit,
+    greedy, split); max new tokens: ``eval.max_new_tokens`` or ``generation.max_new_tokens``.
+    """
+    from esreason.eval.harness import evaluate
+    from esreason.io import RunDir
+
+    latest = RunDir(point.run_dir).latest_checkpoint()
+    if latest is None:
+        raise UserError(f"{point.run_dir}: no checkpoint to evaluate on {suite}")
+    ev, cfg = point.cfg.eval, point.cfg
+    return evaluate(str(latest[1]), list(tasks), output_dir=point.run_dir / "eval" / suite, samples=ev.samples,
+                    temperature=ev.temperature, top_p=cfg.generation.top_p,
+                    max_new_tokens=ev.max_new_tokens or cfg.generation.max_new_tokens, ks=ev.ks,
+                    greedy=ev.greedy, limit=ev.limit, data_dir=cfg.data_dir, seed=cfg.train.seed,
+                    batch_size=cfg.generation.batch_size, split=ev.split, progress=progress,
+                    device=cfg.device, dtype=cfg.dtype, suite=suite)
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def _num(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def table_markdown(table: CheckpointTable, param: str) -> str:
+    """Checkpoint table: smoothed reward per update and value; within-tolerance cells marked."""
+    head = [f"{lab} (ref.)" if lab == table.reference else lab for lab in table.labels]
+    lines = [f"| update | {' | '.join(head)} |", "|---:|" + "---:|" * len(head)]
+    for u, row in zip(table.updates, table.cells):
+        cells = []
+        for lab, c in zip(table.labels, row):
+            text = f"**{_num(c.smoothed)}** ✓" if c.within else _num(c.smoothed)
+            if c.gap is not None and lab != table.reference:
+                text += f" (gap {c.gap:+.4f})"
+            cells.append(text)
+        lines.append(f"| {u} | {' | '.join(cells)} |")
+    note = (f"Smoothed mean reward (debiased EMA, weight {PAPER_BETA}) for {param}. "
+            f"✓ and bold: within {table.tolerance:g} of the reference; gap = reference - value.")
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def table_latex(table: CheckpointTable, param: str) -> str:
+    """The paper's table style: ``\\cellcolor{gray!25}`` on values within tolerance of the reference.
+
+    Needs ``\\usepackage{booktabs}`` and ``\\usepackage[table]{xcolor}``.
+    """
+    def esc(s: str) -> str:
+        return s.replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+
+    head = [f"{esc(lab)} (ref.)" if lab == table.reference else esc(lab) for lab in table.labels]
+    rows = []
+    for u, row in zip(table.updates, table.cells):
+        cells = [r"\cellcolor{gray!25}{" + _num(c.smoothed) + "}" if c.within else _num(c.smoothed) for c in row]
+        rows.append(f"        {u} & " + " & ".join(cells) + r" \\")
+    gaps = []
+    if table.reference is not None:
+        for u, row in zip(table.updates, table.cells):
+            cells = ["--" if lab == table.reference or c.gap is None else f"{c.gap:+.4f}"
+                     for lab, c in zip(table.labels, row)]
+            gaps.append(f"        {u} & " + " & ".join(cells) + r" \\")
+    body = [r"% esreason experiment sweep; needs \usepackage{booktabs} and \usepackage[table]{xcolor}",
+            r"\begin{tabular}{l" + "c" * len(table.labels) + "}", r"    \toprule",
+            f"    Update & {' & '.join(head)} " + r"\\", r"    \midrule", *rows]
+    if gaps:
+        body += [r"    \midrule", r"    \multicolumn{" + str(len(table.labels) + 1) + r"}{l}{Gap to reference} \\",
+                 *gaps]
+    caption = (f"% Smoothed mean reward ({esc(param)}), debiased exponential smoothing with weight {PAPER_BETA}; "
+               f"shading: within {table.tolerance:g} of the reference.")
+    return "\n".join(body + [r"    \bottomrule", r"\end{tabular}", caption]) + "\n"
+
+
+def heldout_rows(summaries: Mapping[str, Any]) -> list[tuple[str, str, dict[str, dict[str, Any]]]]:
+    """(task, metric, {label: estimate dict}) for the headline held-out metrics of every endpoint."""
+    from esreason.eval.aggregate import AVERAGE
+
+    first = next(iter(summaries.values()))
+    tasks = list(first.tasks) + ([AVERAGE] if len(first.tasks) > 1 else [])
+    names = [n for n in first.names if n.startswith(HELDOUT_METRICS) and not n.endswith("_expected")]
+    return [(t, n, {lab: s.estimates[t][n].as_dict() for lab, s in summaries.items()})
+            for t in tasks for n in names]
+
+
+def heldout_markdown(rows: Sequence[tuple[str, str, dict[str, dict[str, Any]]]], reference: str) -> str:
+    labels = list(rows[0][2]) if rows else []
+    head = [f"{lab} (ref.)" if lab == reference else lab for lab in labels]
+    lines = [f"| task | metric | {' | '.join(head)} |", "|---|---|" + "---:|" * len(labels)]
+    for task, metric, ests in rows:
+        cells = []
+        for lab in labels:
+            e = ests[lab]
+            ci = f" [{e['ci_low']:.3f}, {e['ci_high']:.3f}]" if e.get("ci_low") is not None else ""
+            cells.append(f"{_num(e['value'], 3)}{ci}")
+        name = "average" if task.startswith("__") else task
+        lines.append(f"| {name} | {metric} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n\nEndpoint evaluation; brackets: 95% bootstrap interval over problems.\n"
+
+
+def plot_trajectories(trajs: Mapping[str, Trajectory], reference: str, param: str, checkpoints: Sequence[int],
+                      window: int, path: Path) -> Path:
+    """Smoothed reward vs update, one line per value, shaded s_t +- local std of x_t - s_t."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    styles = ("-", "--", "-.", ":")
+    longest = max(len(t.raw) for t in trajs.values())
+    for i, (label, tr) in enumerate(trajs.items()):
+        x = np.arange(1, len(tr.raw) + 1)
+        name = f"{label} (ref.)" if label == reference else label
+        (line,) = ax.plot(x, tr.smoothed, styles[i % len(styles)], lw=2.2 if label == reference else 1.6,
+                          label=f"{param}={name}")
+        ax.fill_between(x, tr.smoothed - tr.band, tr.smoothed + tr.band, color=line.get_color(), alpha=0.18, lw=0)
+    for u in checkpoints:
+        if u <= longest:
+            ax.axvline(u, color="0.6", lw=0.8, ls=":")
+    ax.set_xlabel("update")
+    ax.set_ylabel("smoothed mean reward")
+    ax.set_title(f"{param}: debiased EMA (weight {PAPER_BETA}); band ±1 local std of raw − smoothed "
+                 f"(window {window})", fontsize=9)
+    ax.set_xlim(1, max(longest, 2))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+# --------------------------------------------------------------------------- the whole sweep
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Paths and numbers of a finished sweep (also in ``OUTPUT/sweep.json``)."""
+
+    output: Path
+    status: dict[str, str]
+    table: CheckpointTable
+    trajectories: dict[str, Trajectory]
+    heldout: list[tuple[str, str, dict[str, dict[str, Any]]]]
+    files: dict[str, Path]
+
+
+def run_sweep(plan: SweepPlan, *, progress: bool = True, log: Any = print) -> SweepResult:
+    """Train every value of ``plan`` (skip/resume), then write tables, plot and JSON."""
+    from esreason.io import atomic_write_json, atomic_write_text
+
+    spec, out = plan.spec, plan.output
+    status: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    for i, point in enumerate(plan.points, start=1):
+        t0 = time.perf_counter()
+        log(f"[{i}/{len(plan.points)}] {spec.param}={point.label} -> {point.run_dir}")
+        status[point.label] = train_point(point, progress)
+        seconds[point.label] = time.perf_counter() - t0
+        log(f"    {status[point.label]} ({seconds[point.label]:.0f} s)")
+    trajs: dict[str, Trajectory] = {}
+    train_s: dict[str, float] = {}
+    for point in plan.points:
+        raw, train_s[point.label] = load_rewards(point.run_dir)
+        trajs[point.label] = trajectory(raw, spec.band_window)
+    table = checkpoint_table({k: t.smoothed for k, t in trajs.items()}, spec.checkpoints, plan.reference,
+                             spec.tolerance)
+    heldout: list[tuple[str, str, dict[str, dict[str, Any]]]] = []
+    if spec.heldout_suite is not None:
+        summaries = {}
+        for point in plan.points:
+            log(f"held-out {spec.heldout_suite}: {spec.param}={point.label}")
+            summaries[point.label] = evaluate_endpoint(point, spec.heldout_suite, plan.heldout_tasks, progress)
+        heldout = heldout_rows(summaries)
+
+    files = {"table_md": out / "table.md", "table_tex": out / "table.tex", "plot": out / "trajectories.png",
+             "json": out / "sweep.json", "report": out / "report.md"}
+    md = table_markdown(table, spec.param)
+    atomic_write_text(files["table_md"], md)
+    atomic_write_text(files["table_tex"], table_latex(table, spec.param))
+    plot_trajectories(trajs, plan.reference, spec.param, spec.checkpoints, spec.band_window, files["plot"])
+    report = [f"# Sweep over {spec.param}\n", f"values: {', '.join(p.label for p in plan.points)}; "
+              f"reference: {plan.reference}\n", "## Checkpoint table\n", md, "![trajectories](trajectories.png)\n"]
+    if heldout:
+        files["heldout_md"] = out / "heldout.md"
+        hmd = heldout_markdown(heldout, plan.reference)
+        atomic_write_text(files["heldout_md"], hmd)
+        report += [f"## Held-out endpoints ({spec.heldout_suite})\n", hmd]
+    atomic_write_text(files["report"], "\n".join(report))
+    atomic_write_json(files["json"], {
+        "param": spec.param, "values": [p.label for p in plan.points], "reference": plan.reference,
+        "checkpoints": list(spec.checkpoints), "tolerance": spec.tolerance, "beta": PAPER_BETA,
+        "band_window": spec.band_window, "heldout_suite": spec.heldout_suite, "base_config": plan.base,
+        "runs": {p.label: {"run_dir": str(p.run_dir), "status": status[p.label],
+                           "wall_seconds_this_call": round(seconds[p.label], 2),
+                           "train_seconds": round(train_s[p.label], 2), "updates": len(trajs[p.label].raw),
+                           "final_smoothed": float(trajs[p.label].smoothed[-1]) if len(trajs[p.label].raw) else None}
+                 for p in plan.points},
+        "table": table.as_dict(),
+        "trajectories": {k: {"raw": t.raw.tolist(), "smoothed": t.smoothed.tolist(), "band": t.band.tolist()}
+                         for k, t in trajs.items()},
+        "heldout": [{"task": t, "metric": m, "values": v} for t, m, v in heldout],
+    })
+    return SweepResult(out, status, table, trajs, heldout, files)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def register(actions: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``sweep`` to the ``esreason experiment`` action group."""
+    p = actions.add_parser(
+        "sweep", help="one ES config key over several values: runs, smoothed-reward table and plot",
+        description="Train one ES run per value of --param (resumable), then report the paper's debiased "
+                    "smoothed mean reward: checkpoint table (markdown, LaTeX, JSON), trajectory plot and, "
+                    "with --heldout-suite, held-out endpoint evaluation. See docs/sweeps.md.")
+    p.add_argument("--config", required=True, help="ES config YAML, optionally with a 'sweep:' section")
+    p.add_argument("--param", help="dotted config key to sweep, e.g. es.population_size (default: sweep.param)")
+    p.add_argument("--values", help="comma-separated values, e.g. 8,16,32,64 (default: sweep.values)")
+    p.add_argument("--output", help="sweep directory (default: runs/sweeps/<config name>)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base config key (repeatable)")
+    p.add_argument("--checkpoints", help="updates of the table, e.g. 100,200,300 (the paper's default)")
+    p.add_argument("--reference", help="reference value (default: sweep.reference, else the last value)")
+    p.add_argument("--heldout-suite", help="evaluate every endpoint on this suite (e.g. demo-heldout)")
+    p.add_argument("--tolerance", type=float, help="'within' threshold (default 0.01, the paper's)")
+    p.add_argument("--band-window", type=int, help=f"residual-band window in updates (default {DEFAULT_BAND_WINDOW})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_command)
+    return p
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Plan (validate everything), train, report; prints the checkpoint table."""
+    sets = list(args.set or [])
+    base, section = load_sweep_config(args.config, sets)
+    spec = make_spec(section, param=args.param, values=args.values, reference=args.reference,
+                     checkpoints=args.checkpoints, heldout_suite=args.heldout_suite, tolerance=args.tolerance,
+                     band_window=args.band_window)
+    for item in sets:
+        if item.split("=", 1)[0].strip() == spec.param:
+            raise UserError(f"--set {item}: {spec.param} is the swept key; use --values")
+    output = Path(args.output) if args.output else Path("runs") / "sweeps" / Path(args.config).stem
+    plan = plan_sweep(base, spec, output)
+    result = run_sweep(plan, progress=not args.no_progress)
+    print()
+    print(result.files["table_md"].read_text())
+    print(f"sweep directory: {output} (report.md, table.md/.tex, sweep.json, trajectories.png)")
+    return 0

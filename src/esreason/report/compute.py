@@ -1,0 +1,46 @@
+"""Everything a report shows, computed from a loaded experiment (no files written).
+
+:func:`compute` gathers the Pass@K and Maj@K tables, the held-out change table, the
+below-base count, the Pareto panels, the training curves, the findings and the notes
+about missing pieces into one :class:`Parts`, which the renderers (Markdown, LaTeX, JSON,
+figures) read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from esreason.report.curves import Curves, training_curves
+from esreason.report.findings import Finding, all_findings
+from esreason.report.load import Experiment
+from esreason.report.pareto import ParetoPanel, pareto_panels
+from esreason.report.tables import BelowBase, Table, below_base, heldout_change_table, metric_table
+
+
+@dataclass
+class Parts:
+    """Everything computed, before rendering."""
+
+    pass_table: Table | None
+    maj_table: Table | None
+    change: Table | None
+    below: BelowBase | None
+    panels: list[ParetoPanel]
+    curves: Curves | None
+    findings: list[Finding]
+    notes: list[str]
+
+
+def compute(exp: Experiment, pareto_k: int | None = None, large_ks: Sequence[int] | None = None) -> Parts:
+    """Every table, front, curve and finding (no files)."""
+    pass_table, maj_table = metric_table(exp, "pass"), metric_table(exp, "maj")
+    change, below = heldout_change_table(exp), below_base(exp, large_ks)
+    panels, pnotes = pareto_panels(exp, pareto_k)
+    curves = training_curves(exp)  # reading the training files may add to exp.notes
+    findings = all_findings(exp, below, change, panels, curves)
+    notes = list(exp.notes)
+    for t in (pass_table, maj_table, change):
+        notes += t.notes if t is not None else []
+    notes += (below.notes if below else []) + pnotes + (curves.notes if curves else [])
+    return Parts(pass_table, maj_table, change, below, panels, curves, findings, list(dict.fromkeys(notes)))

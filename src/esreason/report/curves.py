@@ -1,0 +1,122 @@
+"""Training curves over updates (paper Figure ``fig:rq1-overview`` (a-b)).
+
+Each method's training stages are concatenated on one update axis: a row of stage s
+at step n is drawn at ``offset_s + n`` (``offset`` from ``experiment.json``), so a
+sequential composition is one line with its stage boundary at the second stage's
+offset. Quantities:
+
+- ``reward/mean``: mean training reward of the update (ES: over the population; GRPO:
+  over the group samples). No base-model value is logged for it, so that panel has no
+  reference line.
+- ``heldout/entropy`` and ``heldout/pass@K``: the periodic held-out evaluation during
+  training (average over the run's held-out tasks). Step 0 of a run that starts from
+  the base model is the base model's value, drawn as a horizontal reference line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from esreason.report.load import Experiment
+
+_PASS_KEY = re.compile(r"^heldout/pass@(\d+)$")
+
+
+@dataclass
+class Series:
+    """One method's line: x = concatenated update index, y = the logged value."""
+
+    method: str
+    label: str
+    xs: list[int]
+    ys: list[float]
+    boundaries: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "label": self.label, "x": self.xs, "y": self.ys,
+                "stage_boundaries": self.boundaries}
+
+
+@dataclass
+class Curves:
+    """Every panel of the training-curves figure: ``{quantity: [Series]}`` plus base references."""
+
+    panels: dict[str, list[Series]]
+    base: dict[str, float]
+    notes: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"panels": {q: [s.as_dict() for s in ss] for q, ss in self.panels.items()},
+                "base_reference": self.base, "notes": self.notes}
+
+
+def series(exp: Experiment, method: str, key: str) -> Series | None:
+    """``key`` over the concatenated stages of ``method``; None when it never appears."""
+    xs: list[int] = []
+    ys: list[float] = []
+    boundaries: list[int] = []
+    for i, (stage, rows) in enumerate(exp.training(method)):
+        if i > 0:
+            boundaries.append(stage.offset)
+        for row in rows:
+            v = row.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                xs.append(stage.offset + int(row["step"]))
+                ys.append(float(v))
+    if not xs:
+        return None
+    order = sorted(range(len(xs)), key=lambda j: xs[j])  # stable: stage order kept at equal x
+    return Series(method, exp.label(method), [xs[j] for j in order], [ys[j] for j in order], boundaries)
+
+
+def heldout_ks(exp: Experiment) -> list[int]:
+    """Every K with a ``heldout/pass@K`` key in some training row, ascending."""
+    ks: set[int] = set()
+    for m in exp.methods:
+        for _, rows in exp.training(m):
+            for row in rows:
+                for key in row:
+                    match = _PASS_KEY.match(key)
+                    if match:
+                        ks.add(int(match.group(1)))
+    return sorted(ks)
+
+
+def base_reference(exp: Experiment, key: str) -> float | None:
+    """The step-0 value of ``key`` in the first stage (offset 0) of a method that starts from base."""
+    for m in exp.methods.values():
+        if not m.training or m.training[0].offset != 0:
+            continue
+        stages = exp.training(m.key)
+        if not stages or stages[0][0] is not m.training[0]:
+            continue
+        for row in stages[0][1]:
+            if row.get("step") == 0 and isinstance(row.get(key), (int, float)):
+                return float(row[key])
+    return None
+
+
+def training_curves(exp: Experiment) -> Curves | None:
+    """Reward, held-out entropy, held-out Pass@1 and Pass@K (largest K logged) per method."""
+    trained = [m for m, spec in exp.methods.items() if spec.training]
+    if not trained:
+        return None
+    ks = heldout_ks(exp)
+    keys = ["reward/mean", "heldout/entropy", "heldout/pass@1"]
+    if ks and max(ks) > 1:
+        keys.append(f"heldout/pass@{max(ks)}")
+    panels: dict[str, list[Series]] = {}
+    notes: list[str] = []
+    for key in keys:
+        lines = [s for m in trained if (s := series(exp, m, key)) is not None]
+        if lines:
+            panels[key] = lines
+        else:
+            notes.append(f"no training run logged {key}; panel left out")
+    if not panels:
+        return None
+    base = {k: v for k in keys if k != "reward/mean" and (v := base_reference(exp, k)) is not None}
+    return Curves(panels, base, notes)

@@ -1,0 +1,136 @@
+"""``report.md``: the protocol header, findings, tables with their interval tables, figures and notes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from esreason.report import markdown
+from esreason.report.compute import Parts
+from esreason.report.findings import Finding
+from esreason.report.load import Experiment
+from esreason.report.pareto import ParetoPanel
+from esreason.report.tables import BelowBase, Table
+
+
+def below_rows(exp: Experiment, below: BelowBase) -> tuple[list[str], list[list[str]]]:
+    header = ["Method", "Scope", "(task, K) below base", "of which significant", "tasks below at every K"]
+    rows = [[c["label"], "held-out tasks" if c["scope"] == "held_out" else "all tasks",
+             f"{c['below']} of {c['comparisons']}", str(c["significant"]), f"{c['tasks_below_all_k']} of {c['tasks']}"]
+            for c in below.counts]
+    return header, rows
+
+
+def _below_detail(exp: Experiment, below: BelowBase) -> tuple[list[str], list[list[str]]]:
+    header = ["Method", "Task", "K", "Pass@K", "Base", "Δ [95% CI]", "below", "significant", "test"]
+    rows = []
+    for c in below.comparisons:
+        sig = "–" if c.significant is None else ("yes" if c.significant else "no")
+        ci = "" if c.diff.low is None else " " + markdown.fmt_ci(c.diff, signed=True)
+        rows.append([exp.label(c.method), c.task, str(c.k), f"{100 * c.value:.1f}", f"{100 * c.base:.1f}",
+                     markdown.fmt(c.diff, signed=True) + ci, "yes" if c.below else "no", sig, c.test])
+    return header, rows
+
+
+def pareto_rows(exp: Experiment, panels: Sequence[ParetoPanel]) -> tuple[list[str], list[list[str]]]:
+    header = ["Panel", "Reference front (Base/GRPO/ES)", "Full front", "Dominated", "Added by others"]
+
+    def names(keys: Sequence[str]) -> str:
+        return ", ".join(exp.label(k) for k in keys) or "none"
+
+    rows = [[p.label, names(p.reference_front), names(p.full_front), names(list(p.dominated_by)), names(p.added)]
+            for p in panels]
+    return header, rows
+
+
+def _protocol_lines(exp: Experiment) -> list[str]:
+    p = exp.protocol
+    level, resamples, _ = exp.bootstrap_settings()
+    held = [t for t in exp.held_out if t not in exp.in_domain]
+    return [f"- experiment: `{exp.name}` (`{exp.root}`); model: `{exp.model}`; trained on: `{exp.train_task}`",
+            f"- in-domain tasks: {', '.join(exp.in_domain) or 'none'}; held-out tasks: {', '.join(held) or 'none'}",
+            f"- protocol: {p.get('samples')} samples per problem at temperature {p.get('temperature')}, "
+            f"max {p.get('max_new_tokens')} new tokens, greedy: {p.get('greedy')}, limit: {p.get('limit')}; "
+            f"K in {exp.ks}",
+            f"- methods: " + ", ".join(f"{m.label} (`{m.key}`, {m.kind}"
+                                       + (f", {m.checkpoint}" if m.checkpoint else "") + ")"
+                                       for m in exp.methods.values()),
+            f"- intervals: {int(level * 100)}% percentile bootstrap over problems ({resamples} resamples), "
+            f"resampled within each task; differences vs base are paired by problem"]
+
+
+def _findings_md(findings: Sequence[Finding]) -> list[str]:
+    rows = []
+    for f in findings:
+        verdict = "n/a" if f.holds is None else ("holds" if f.holds else "does not hold")
+        sig = "" if f.significant is None else (" (significant)" if f.significant else " (not significant)")
+        rows.append([f.claim, verdict + sig, f.evidence, f.paper])
+    return [markdown.simple_markdown(["Paper claim", "Here", "Evidence", "Paper"], rows)]
+
+
+def _table_section(table: Table | None, number: str, heading: str, explain: str, tex: str) -> list[str]:
+    out = [f"## {number}. {heading}", "", explain, ""]
+    if table is None:
+        return out + ["_Not available (see Notes)._", ""]
+    out += [markdown.table_markdown(table), "", table.caption, ""]
+    if not table.signed:
+        out += [markdown.MARK_LEGEND, ""]
+    out += ["Intervals (95%, same layout):", "", markdown.ci_markdown(table), "", f"LaTeX: [`{tex}`]({tex})", ""]
+    return out
+
+
+# ---------------------------------------------------------------------- report
+
+
+def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: dict[str, str],
+                    notes: Sequence[str]) -> str:
+    pk = parts.panels[0].k if parts.panels else max(exp.ks)
+    lines = [f"# esreason report: {exp.name}", ""] + _protocol_lines(exp) + [""]
+    lines += ["## Findings (paper RQ1 claims, checked here)", ""] + _findings_md(parts.findings) + [
+        "", "'holds' compares point estimates; 'significant': the 95% paired-bootstrap interval of the "
+            "difference excludes 0.", ""]
+    lines += _table_section(parts.pass_table, "1", "Pass@K",
+                            "Paper Tables tab:rq1-instruct-final and tab:rq1-deepseek-math.", tex.get("pass_at_k", ""))
+    lines += _table_section(parts.maj_table, "2", "Maj@K",
+                            "Paper appendix 'Complete Majority-Vote Results' (plurality vote over the first K "
+                            "samples).", tex.get("maj_at_k", ""))
+    lines += ["## 3. Train → test pairs", "",
+              "Paper Figure fig:rq1-overview (c-d): Pass@1/K of Base, GRPO and ES on chosen pairs; whiskers: "
+              "95% intervals.", ""]
+    lines += [markdown.image(files["bars"].name, "train-test pairs"), ""] if "bars" in files else ["_No figure._", ""]
+    lines += ["## 4. Pass@K profiles", "", "Pass@K over every K the evaluation computed, per task and on the "
+              "Average; bands: 95% intervals.", ""]
+    lines += [markdown.image(files["profiles"].name, "Pass@K profiles"), ""] if "profiles" in files else []
+    lines += ["## 5. Pareto fronts", "",
+              f"Paper Figure fig:rq1-deepseek-math-pareto: Pass@1 (x) vs Pass@{pk} (y). Gray dashed: front of "
+              f"Base/GRPO/ES; solid: front of all methods; faded: dominated. Dominance: a dominates b when it is "
+              f">= on both axes and > on at least one (unrounded values); equal points do not dominate each other.",
+              ""]
+    if parts.panels:
+        lines += [markdown.image(files["pareto"].name, "Pareto fronts"), ""] if "pareto" in files else []
+        lines += [markdown.simple_markdown(*pareto_rows(exp, parts.panels)), "",
+                  f"LaTeX: [`{tex['pareto_fronts']}`]({tex['pareto_fronts']})", ""]
+    lines += ["## 6. Training curves", "",
+              "Paper Figure fig:rq1-overview (a-b): training reward, held-out token entropy and held-out Pass@K "
+              "over updates (compositions: one line over both stages, dotted boundary; dashed: base model at "
+              "step 0; the reward panel has no base line because no base reward is logged).", ""]
+    lines += [markdown.image(files["training"].name, "training curves"), ""] if "training" in files else [
+        "_No figure._", ""]
+    lines += _table_section(parts.change, "7", "Held-out change vs base",
+                            "Paper Table tab:rq2-heldout-change: post-training minus base on each held-out task, "
+                            "averaged equally over the held-out tasks (percentage points).",
+                            tex.get("heldout_change", ""))
+    lines += ["## 8. Below base at large K", "",
+              "The paper's '15 of 18 comparisons': per trained method, over tasks x large K, how often Pass@K is "
+              "below the base model (unrounded values). 'Significant': the 95% paired-bootstrap interval of "
+              "(method - base) over problems lies below 0. 'Tasks below at every K' is the paper's per-task "
+              "criterion (below on both Pass@16 and Pass@32).", ""]
+    if parts.below is not None:
+        lines += [f"Large K: {parts.below.ks}.", "", markdown.simple_markdown(*below_rows(exp, parts.below)), "",
+                  "<details><summary>All comparisons</summary>", "",
+                  markdown.simple_markdown(*_below_detail(exp, parts.below)), "", "</details>", "",
+                  f"LaTeX: [`{tex['below_base']}`]({tex['below_base']})", ""]
+    else:
+        lines += ["_Not available (needs a base method, a trained method and a K > 1)._", ""]
+    lines += ["## Notes", ""] + ([f"- {n}" for n in notes] or ["- none"]) + [""]
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""Which figures a report draws, from what data (drawing itself: :mod:`esreason.report.plots`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from esreason.report import plots
+from esreason.report.compute import Parts
+from esreason.report.load import REFERENCE_ROLES, Cell, Experiment, evaluated
+from esreason.report.stats import average
+from esreason.report.tables import AVERAGE_GROUP, table_tasks
+
+
+def draw_figures(exp: Experiment, parts: Parts, out: Path) -> tuple[dict[str, Path], list[str]]:
+    """Draw every figure that has data into ``out``; (figure key -> PNG path, notes on what was left out)."""
+    methods = evaluated(exp)
+    style = plots.styles({m: exp.label(m) for m in exp.methods}, {m: s.role for m, s in exp.methods.items()})
+    names = plots.file_names()
+    files: dict[str, Path] = {}
+    notes: list[str] = []
+    title = f"{exp.name} ({exp.model})" if exp.model else exp.name
+    tasks, _ = table_tasks(exp, methods)
+
+    reference = [m for m in methods if exp.methods[m].role in REFERENCE_ROLES]
+    pairs = [(a, b) for a, b in exp.pairs if b in tasks]
+    notes += [f"pair {a} -> {b}: no results for {b}; left out of the bar chart" for a, b in exp.pairs if b not in tasks]
+    if pairs and reference:
+        metrics = [f"pass@{k}" for k in exp.ks]
+        cells = {(m, t, metric): c for m in reference for _, t in pairs for metric in metrics
+                 if (c := exp.cell(m, t, metric)) is not None}
+        files["bars"] = plots.plot_pair_bars(pairs, metrics, cells, reference, style, out / names["bars"],
+                                             f"Train → test pairs: {title}")
+    elif not exp.pairs:
+        notes.append("no train->test pairs in experiment.json; no bar chart")
+
+    profiles: dict[str, dict[str, dict[int, Cell]]] = {}
+    for key in tasks + [AVERAGE_GROUP]:
+        label = "Average (all tasks)" if key == AVERAGE_GROUP else key
+        profiles[label] = {}
+        for m in methods:
+            pts = {}
+            for k in exp.eval_ks(m):
+                c = average(exp, m, tasks, f"pass@{k}") if key == AVERAGE_GROUP else exp.cell(m, key, f"pass@{k}")
+                if c is not None:
+                    pts[k] = c
+            if pts:
+                profiles[label][m] = pts
+    if methods and tasks:
+        files["profiles"] = plots.plot_profiles(profiles, methods, style, out / names["profiles"],
+                                                f"Pass@K over K: {title}")
+    if parts.panels:
+        files["pareto"] = plots.plot_pareto(parts.panels, style, out / names["pareto"],
+                                            f"Pass@1 vs Pass@{parts.panels[0].k} Pareto fronts: {title}")
+    if parts.curves is not None:
+        files["training"] = plots.plot_training(parts.curves, style, out / names["training"],
+                                                f"Training dynamics: {title}")
+    else:
+        notes.append("no training metrics found; no training-curves figure")
+    return files, notes

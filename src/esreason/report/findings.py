@@ -1,0 +1,142 @@
+"""The paper's RQ1 claims, checked on an experiment (verdicts for ``esreason demo`` and the report).
+
+Each :class:`Finding` restates one claim of section "RQ1: Does ES Exhibit the Same
+Post-Training Characteristics as GRPO?" (and Table ``tab:rq2-heldout-change``), gives
+the numbers it rests on, ``holds`` (the point estimates agree with the claim; None when
+a method or number is missing) and, for differences of averages, ``significant`` (the
+95 % paired-bootstrap interval of the difference excludes 0 in the claimed direction).
+Averages are over all tasks of the Pass@K table, as in the paper's Average column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from esreason.report.curves import Curves
+from esreason.report.load import Experiment, evaluated
+from esreason.report.pareto import ParetoPanel
+from esreason.report.stats import paired_difference
+from esreason.report.tables import AVERAGE_GROUP, BelowBase, Table, table_tasks
+
+
+@dataclass
+class Finding:
+    """One claim with its verdict."""
+
+    id: str
+    claim: str
+    paper: str
+    holds: bool | None
+    evidence: str
+    significant: bool | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "claim": self.claim, "paper": self.paper, "holds": self.holds,
+                "significant": self.significant, "evidence": self.evidence, "values": self.values}
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:+.1f} pp"
+
+
+def _greater(exp: Experiment, a: str | None, b: str | None, tasks: Sequence[str], metric: str, fid: str,
+             claim: str, paper: str) -> Finding:
+    """Claim: average ``metric`` of a > that of b (paired difference over problems)."""
+    if a is None or b is None:
+        return Finding(fid, claim, paper, None, "a method is missing from the experiment")
+    d = paired_difference(exp, a, b, tasks, metric)
+    if d is None:
+        return Finding(fid, claim, paper, None, f"{metric} missing for {exp.label(a)} or {exp.label(b)}")
+    sig = None if d.low is None else d.low > 0
+    ci = "" if d.low is None else f" [95% CI {_pp(d.low)}, {_pp(d.high)}]"  # type: ignore[arg-type]
+    return Finding(fid, claim, paper, d.value > 0, f"{exp.label(a)} - {exp.label(b)} average {metric}: "  # type: ignore
+                   f"{_pp(d.value)}{ci}", sig, {"diff": d.as_dict()})  # type: ignore[arg-type]
+
+
+def average_findings(exp: Experiment, ks: Sequence[int]) -> list[Finding]:
+    """Claims about the Average column of the Pass@K table (paper section RQ1 "Test Results")."""
+    tasks, _ = table_tasks(exp, evaluated(exp))
+    base, grpo, es = exp.by_role("base"), exp.by_role("grpo"), exp.by_role("es")
+    paper = "RQ1 Test Results; Tables tab:rq1-instruct-final, tab:rq1-deepseek-math"
+    out = [_greater(exp, es, base, tasks, "pass@1", "es_improves_pass1",
+                    "ES improves average Pass@1 over the base model", paper)]
+    out += [_greater(exp, es, base, tasks, f"pass@{k}", f"es_improves_pass{k}",
+                     f"ES improves average Pass@{k} over the base model", paper) for k in ks]
+    out.append(_greater(exp, grpo, es, tasks, "pass@1", "grpo_beats_es_pass1",
+                        "GRPO achieves a larger average Pass@1 than ES", paper))
+    out += [_greater(exp, es, grpo, tasks, f"pass@{k}", f"es_beats_grpo_pass{k}",
+                     f"ES attains a higher average Pass@{k} than GRPO", paper) for k in ks]
+    return out
+
+
+def below_base_finding(exp: Experiment, below: BelowBase | None) -> Finding:
+    """GRPO falls below base at every large K on most tasks (the paper: 15 of 18)."""
+    claim = "GRPO falls below the base model at every large K on most tasks"
+    paper = "RQ1 Test Results ('15 of 18 comparisons')"
+    grpo = exp.by_role("grpo")
+    if below is None or grpo is None:
+        return Finding("grpo_below_base", claim, paper, None, "no base or GRPO method")
+    row = next((c for c in below.counts if c["method"] == grpo and c["scope"] == "all"), None)
+    if row is None or not row["tasks"]:
+        return Finding("grpo_below_base", claim, paper, None, "no complete comparison")
+    n, total = row["tasks_below_all_k"], row["tasks"]
+    return Finding("grpo_below_base", claim, paper, n > total / 2,
+                   f"{n} of {total} tasks below base at K in {below.ks}; {row['below']} of {row['comparisons']} "
+                   f"(task, K) comparisons below, {row['significant']} significant", values=dict(row))
+
+
+def heldout_change_finding(exp: Experiment, change: Table | None, k: int) -> Finding:
+    """Held-out Pass@K change is positive under ES and negative under GRPO (Table tab:rq2-heldout-change)."""
+    claim = f"Held-out Pass@{k} change vs base is positive under ES and negative under GRPO"
+    paper = "RQ2; Table tab:rq2-heldout-change"
+    es, grpo = exp.by_role("es"), exp.by_role("grpo")
+    if change is None or es is None or grpo is None:
+        return Finding("heldout_change", claim, paper, None, "no held-out change table, ES or GRPO")
+    ce, cg = change.get(es, "pass", f"pass@{k}"), change.get(grpo, "pass", f"pass@{k}")
+    if ce is None or cg is None:
+        return Finding("heldout_change", claim, paper, None, f"pass@{k} change missing")
+    return Finding("heldout_change", claim, paper, ce.value > 0 > cg.value,  # type: ignore[operator]
+                   f"ES {_pp(ce.value)}, GRPO {_pp(cg.value)}",  # type: ignore[arg-type]
+                   values={"es": ce.as_dict(), "grpo": cg.as_dict()})
+
+
+def pareto_finding(exp: Experiment, panels: Sequence[ParetoPanel]) -> Finding:
+    """The compositions add non-dominated points to the Average Pareto front (Figure fig:rq1-deepseek-math-pareto)."""
+    claim = "The sequential compositions add non-dominated points to the Pass@1-Pass@K front (Average)"
+    paper = "RQ1 Pareto Trade-offs; Figure fig:rq1-deepseek-math-pareto"
+    avg = next((p for p in panels if p.key == AVERAGE_GROUP), None)
+    comps = [m for m in (exp.by_role("es_grpo"), exp.by_role("grpo_es")) if m is not None]
+    if avg is None or not comps or not any(m in avg.points for m in comps):
+        return Finding("pareto_added", claim, paper, None, "no Average panel or no composition")
+    added = [m for m in comps if m in avg.added]  # on the front at a point Base/GRPO/ES do not occupy
+    return Finding("pareto_added", claim, paper, bool(added),
+                   f"on the full front: {', '.join(exp.label(m) for m in avg.full_front)}; added by compositions: "
+                   f"{', '.join(exp.label(m) for m in added) or 'none'}", values={"added": added})
+
+
+def entropy_finding(exp: Experiment, curves: Curves | None) -> Finding:
+    """Held-out entropy falls more under GRPO than under ES (Figure fig:rq1-overview (a-b))."""
+    claim = "Held-out token entropy falls more under GRPO than under ES during training"
+    paper = "RQ1 Training Dynamics; Figure fig:rq1-overview (a-b)"
+    es, grpo = exp.by_role("es"), exp.by_role("grpo")
+    lines = {s.method: s for s in (curves.panels.get("heldout/entropy", []) if curves else [])}
+    if es not in lines or grpo not in lines:
+        return Finding("entropy", claim, paper, None, "held-out entropy not logged for ES and GRPO")
+    change = {m: lines[m].ys[-1] - lines[m].ys[0] for m in (es, grpo)}  # type: ignore[index]
+    return Finding("entropy", claim, paper, change[grpo] < change[es],  # type: ignore[index]
+                   f"first-to-last change: GRPO {change[grpo]:+.4f}, ES {change[es]:+.4f} nats/token",  # type: ignore
+                   values={"grpo": change[grpo], "es": change[es]})  # type: ignore[index]
+
+
+def all_findings(exp: Experiment, below: BelowBase | None, change: Table | None, panels: Sequence[ParetoPanel],
+                 curves: Curves | None) -> list[Finding]:
+    ks = [k for k in exp.ks if k > 1]
+    out = average_findings(exp, ks)
+    out.append(below_base_finding(exp, below))
+    if ks:
+        out.append(heldout_change_finding(exp, change, max(ks)))
+    out.append(pareto_finding(exp, panels))
+    out.append(entropy_finding(exp, curves))
+    return out

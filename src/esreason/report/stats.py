@@ -1,0 +1,128 @@
+"""Averages and differences over tasks with problem-level bootstrap intervals.
+
+The evaluation summaries already hold an interval for every task cell and for the
+equal-weight average over the tasks of that evaluation. The report needs two more kinds
+of interval, both computed here the way :mod:`esreason.eval.bootstrap` computes its own
+(percentile bootstrap, problems resampled *within* each task, task means averaged with
+equal weights, the same level, resample count and seed):
+
+- an average over a different set of tasks (the held-out tasks only, or a table whose
+  tasks differ from the evaluation's), from ``problems.jsonl``;
+- a *paired* difference ``method - base`` (the held-out change table, the below-base
+  count): problems are matched by ``problem_id`` and the same resampled problems are used
+  for both models, so the interval reflects the difference's own variance, which is
+  usually much smaller than what two overlapping marginal intervals suggest.
+
+Point estimates always come from the summaries (task means, equal weight per task); the
+problem files only supply the intervals. When a needed ``problems.jsonl`` is missing
+the interval is None (the number is still reported).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Sequence
+
+import numpy as np
+
+from esreason.report.load import Cell, Experiment
+
+
+def _indices(seed: int, task: str, n: int, resamples: int) -> np.ndarray:
+    """Resampled problem indices [resamples, n], deterministic in (seed, task, n)."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed % 2**63, zlib.crc32(task.encode()), n]))
+    return rng.integers(0, n, size=(resamples, n))
+
+
+def bootstrap_task_average(per_task: dict[str, np.ndarray], level: float = 0.95, resamples: int = 1000,
+                           seed: int = 0) -> tuple[float | None, float | None]:
+    """Percentile interval of the equal-weight mean over tasks of per-problem values.
+
+    per_task: ``{task: values [n_task]}`` (NaN: no value for that problem). Each task's
+    problems are resampled with replacement; a resample's task mean ignores NaNs.
+    """
+    if not per_task:
+        return None, None
+    means = []
+    for task, values in per_task.items():
+        x = np.asarray(values, dtype=np.float64)
+        if x.size == 0 or np.isnan(x).all():
+            return None, None
+        draws = x[_indices(seed, task, x.size, resamples)]  # [resamples, n]
+        counts = (~np.isnan(draws)).sum(axis=1)
+        sums = np.nansum(draws, axis=1)
+        means.append(np.divide(sums, counts, out=np.full(resamples, np.nan), where=counts > 0))
+    avg = np.mean(np.stack(means), axis=0)  # [resamples]
+    avg = avg[~np.isnan(avg)]
+    if avg.size == 0:
+        return None, None
+    lo, hi = np.quantile(avg, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def _column(rows: dict[str, dict], ids: Sequence[str], metric: str) -> np.ndarray:
+    out = np.full(len(ids), np.nan)
+    for i, pid in enumerate(ids):
+        v = rows[pid].get(metric)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[i] = float(v)
+    return out
+
+
+def average(exp: Experiment, method: str, tasks: Sequence[str], metric: str) -> Cell | None:
+    """Equal-weight average of ``metric`` over ``tasks`` for ``method`` with its interval.
+
+    None when any task lacks the metric (an average over fewer tasks would not compare).
+    Uses the summary's own average when it covers exactly ``tasks``; otherwise the
+    interval is bootstrapped from ``problems.jsonl`` (None if a file is missing).
+    """
+    cells = [exp.cell(method, t, metric) for t in tasks]
+    if not tasks or any(c is None for c in cells):
+        return None
+    value = float(np.mean([c.value for c in cells]))  # type: ignore[union-attr]
+    if sorted(exp.summary_average_tasks(method)) == sorted(tasks):
+        own = exp.average_cell(method, metric)
+        if own is not None:
+            return Cell(value, own.low, own.high, len(tasks))
+    if len(tasks) == 1:
+        c = cells[0]
+        return Cell(value, c.low, c.high, 1)  # type: ignore[union-attr]
+    per_task = {}
+    for t in tasks:
+        rows = exp.problems(method, t)
+        if rows is None:
+            return Cell(value, None, None, len(tasks))
+        per_task[t] = _column(rows, list(rows), metric)  # file order, as the evaluation resampled it
+    level, resamples, seed = exp.bootstrap_settings()
+    lo, hi = bootstrap_task_average(per_task, level, resamples, seed)
+    return Cell(value, lo, hi, len(tasks))
+
+
+def paired_difference(exp: Experiment, method: str, base: str, tasks: Sequence[str], metric: str) -> Cell | None:
+    """``method - base`` averaged equally over ``tasks`` with a paired bootstrap interval.
+
+    None when either side lacks the metric on some task. The interval pairs problems by
+    ``problem_id`` (only problems present in both files count) and is None when a
+    ``problems.jsonl`` is missing or the two share no problem.
+    """
+    diffs = []
+    for t in tasks:
+        a, b = exp.cell(method, t, metric), exp.cell(base, t, metric)
+        if a is None or b is None:
+            return None
+        diffs.append(a.value - b.value)  # type: ignore[operator]
+    if not tasks:
+        return None
+    value = float(np.mean(diffs))
+    per_task = {}
+    for t in tasks:
+        rows_m, rows_b = exp.problems(method, t), exp.problems(base, t)
+        if rows_m is None or rows_b is None:
+            return Cell(value, None, None, len(tasks))
+        ids = [pid for pid in rows_m if pid in rows_b]
+        if not ids:
+            return Cell(value, None, None, len(tasks))
+        per_task[t] = _column(rows_m, ids, metric) - _column(rows_b, ids, metric)
+    level, resamples, seed = exp.bootstrap_settings()
+    lo, hi = bootstrap_task_average(per_task, level, resamples, seed)
+    return Cell(value, lo, hi, len(tasks))
