@@ -22,15 +22,18 @@ Prints ONE JSON object. Key fields (targets from the issue "Scale-out and speed"
   batched.mfu                    model FLOP/s of batched generation / measured fp32 GEMM peak  >= 0.30
   rss.rss_ratio_es_vs_inference  peak RSS of a batched ES step / one-batch inference, N x B  <= 1.2
   rss.rss_ratio_grpo_vs_inference  peak RSS of one GRPO update (N responses x B prompts) / same
+  ray.speedup_2_vs_1             population evaluation time with 1 HF engine / with 2 (Ray on CPU, one
+                                 torch thread per engine), rewards checked equal to the sequential reference
 The ``inference_one_batch_over_same_batching`` field is the ceiling of any population
 batching on this machine: batching same-weight rows is the best case, per-member weights
 can only be slower.
 
 Peak RSS is measured in child processes (one workload each: ``--child MODE``), so peaks
-are separable; ``rss.*_mb`` are ru_maxrss, ``rss.baseline_mb`` a child that only loads.
+are separable; ``rss.*_mb`` are VmHWM (see ``peak_rss_mb``), ``rss.baseline_mb`` a child
+that only loads.
 
 Usage: python benchmarks/es_step.py [--population 16] [--batch 32] [--repeats 3] [--quick]
-       [--sizes 8,16,32,64] [--no-rss]
+       [--sizes 8,16,32,64] [--no-rss] [--no-ray]
 """
 
 from __future__ import annotations
@@ -142,7 +145,24 @@ def run_child(mode: str, args: argparse.Namespace) -> None:
                 sampler.generate(prompts, params[0])
         elif mode != "baseline":
             raise SystemExit(f"unknown --child mode {mode!r}")
-    print(json.dumps({"maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"maxrss_mb": peak_rss_mb()}))
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set of this process image in MB: VmHWM of /proc/self/status.
+
+    Not ``ru_maxrss``: Linux carries the pre-exec high-water mark into ru_maxrss across
+    execve, so a child started from a large parent would report the parent's peak.
+    VmHWM belongs to the address space, which exec replaces. Falls back to ru_maxrss
+    where /proc is missing.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure_rss(args: argparse.Namespace) -> dict:
@@ -173,6 +193,62 @@ def measure_rss(args: argparse.Namespace) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- Ray row
+
+
+def measure_ray(args: argparse.Namespace, policy, prompts, golds, scorer, params) -> dict:
+    """Population evaluation with 1 vs 2 HF engine actors (one torch thread each), side by side.
+
+    Each pool is started once (start-up reported apart), then evaluates the same populations
+    ``repeats`` times; rewards are compared with the in-process sequential reference.
+    """
+    import ray
+
+    from esreason.backends.engine import HFEngineOptions, policy_state
+    from esreason.backends.ray_pool import RayEnginePool
+    from esreason.es.evaluate import evaluate_population
+    from esreason.es.population import draw_population
+
+    n = args.population
+    pops = [draw_population(2, rep, n, "one_point") for rep in range(args.repeats)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the engines' setting: the reference rewards are then bit-comparable
+    try:
+        ref = [evaluate_population(policy, _sampler_of(policy), p, 1e-2, prompts, golds, scorer, params).rewards
+               for p in pops]
+    finally:
+        torch.set_num_threads(threads)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    out: dict = {}
+    try:
+        state = policy_state(policy)
+        for engines in (1, 2):
+            t0 = time.perf_counter()
+            pool = RayEnginePool("hf", HFEngineOptions(threads=1), state, engines, reference=policy, cpus=1)
+            start = time.perf_counter() - t0
+            try:
+                times, same = [], []
+                for p, r in zip(pops, ref):
+                    t0 = time.perf_counter()
+                    res = pool.evaluate(p, 1e-2, prompts, golds, scorer, params)
+                    times.append(time.perf_counter() - t0)
+                    same.append(bool((res.rewards == r).all()))
+            finally:
+                pool.close()
+            out[f"engines_{engines}"] = {"start_s": start, "evaluate_s_median": float(np.median(times)),
+                                         "rewards_identical_to_sequential": all(same)}
+    finally:
+        ray.shutdown()
+    out["speedup_2_vs_1"] = out["engines_1"]["evaluate_s_median"] / out["engines_2"]["evaluate_s_median"]
+    return out
+
+
+def _sampler_of(policy):
+    from esreason.backends.sampling import Sampler
+
+    return Sampler(policy.model, policy.tokenizer, batch_size=256)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -186,12 +262,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="batched_speedup at N in 8, 32 only (default 8,16,32,64)")
     ap.add_argument("--sizes", default="", help="comma-separated N for batched_speedup (overrides --quick)")
     ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS child processes")
+    ap.add_argument("--no-ray", action="store_true", help="skip the Ray row (1 vs 2 HF engines)")
+    ap.add_argument("--rss-only", action="store_true", help="only the peak-RSS rows (child processes)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
         run_child(args.child, args)
+        return
+    if args.rss_only:
+        print(json.dumps({"benchmark": "es_step", "population": args.population, "batch": args.batch,
+                          "max_new_tokens": args.max_new_tokens, "rss": measure_rss(args)}, indent=2))
         return
 
     from esreason.backends.base import SamplingParams
@@ -330,6 +412,8 @@ def main() -> None:
         "targets": {"overhead_share": "<= 0.03", "throughput_ratio_vs_inference": ">= 0.90",
                     "batched_speedup[32]": ">= 5", "mfu": ">= 0.30", "rss_ratio_es_vs_inference": "<= 1.2"},
     }
+    if not args.no_ray:
+        out["ray"] = measure_ray(args, policy, prompts, golds, scorer, params)
     if not args.no_rss:
         out["rss"] = measure_rss(args)
     print(json.dumps(out, indent=2))

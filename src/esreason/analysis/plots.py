@@ -19,15 +19,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from esreason.io import atomic_save_figure  # noqa: E402
+
 
 def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return atomic_save_figure(fig, path)
 
 
 def plot_update_histogram(hists: Mapping[str, tuple[Sequence[float], Sequence[int]]],

@@ -17,8 +17,8 @@ from pathlib import Path
 from esreason.errors import UserError
 
 
-def parse_ks(text: str | None) -> tuple[int, ...] | None:
-    """``"1,16,32"`` -> (1, 16, 32); UserError naming the bad item."""
+def parse_ks(text: str | None, flag: str = "--k") -> tuple[int, ...] | None:
+    """``"1,16,32"`` -> (1, 16, 32); UserError naming ``flag`` and the bad item."""
     if text is None:
         return None
     ks = []
@@ -29,9 +29,9 @@ def parse_ks(text: str | None) -> tuple[int, ...] | None:
         try:
             ks.append(int(item))
         except ValueError:
-            raise UserError(f"--k: {item!r} is not an integer (expected e.g. --k 1,16,32)") from None
+            raise UserError(f"{flag}: {item!r} is not an integer (expected e.g. {flag} 1,16,32)") from None
     if not ks:
-        raise UserError("--k is empty (expected e.g. --k 1,16,32)")
+        raise UserError(f"{flag} is empty (expected e.g. {flag} 1,16,32)")
     return tuple(ks)
 
 

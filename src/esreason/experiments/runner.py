@@ -91,17 +91,9 @@ def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool) 
     stages = TRAINED[method.kind]
     t0 = time.perf_counter()
     if len(stages) == 1:
-        resume = (run / "metrics.jsonl").exists()
-        if method.kind == "es":
-            from esreason.es.run import run_es
+        from esreason.experiments.sequence import train_method
 
-            res = run_es(spec.es, run, resume=resume, progress=progress)
-            steps, final = res.steps, res.final_checkpoint
-        else:
-            from esreason.grpo.run import run_grpo
-
-            gres = run_grpo(spec.grpo, run, resume=resume, progress=progress)
-            steps, final = gres.steps, gres.final_checkpoint
+        steps, final = train_method(method.kind, spec.es if method.kind == "es" else spec.grpo, run, progress)
         if final is None or steps != spec.updates:
             raise UserError(f"{method.name} in {run} ran {steps} updates, planned {spec.updates}")
         training = [{"method": method.kind, "metrics": _rel(run / "metrics.jsonl", exp), "updates": steps,

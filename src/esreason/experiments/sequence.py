@@ -171,18 +171,22 @@ def load_sequence(path: str | Path | None, overrides: Sequence[str] = (),
     return plan_sequence(merge(raw, over), base_dir)
 
 
-def _run_stage(stage: StagePlan, out: Path, progress: bool) -> Path:
+def train_method(method: str, config: Any, out: Path, progress: bool) -> tuple[int, Path | None]:
+    """Train one ES or GRPO run into ``out`` (resumed when it has metrics); (updates done, final checkpoint)."""
     resume = (out / "metrics.jsonl").exists()
-    if stage.method == "es":
+    if method == "es":
         from esreason.es.run import run_es
 
-        result = run_es(stage.config, out, resume=resume, progress=progress)
-        steps, final = result.steps, result.final_checkpoint
-    else:
-        from esreason.grpo.run import run_grpo
+        result = run_es(config, out, resume=resume, progress=progress)
+        return result.steps, result.final_checkpoint
+    from esreason.grpo.run import run_grpo
 
-        gres = run_grpo(stage.config, out, resume=resume, progress=progress)
-        steps, final = gres.steps, gres.final_checkpoint
+    gres = run_grpo(config, out, resume=resume, progress=progress)
+    return gres.steps, gres.final_checkpoint
+
+
+def _run_stage(stage: StagePlan, out: Path, progress: bool) -> Path:
+    steps, final = train_method(stage.method, stage.config, out, progress)
     if steps != stage.updates or final is None:
         raise UserError(f"stage {stage.index} ({stage.method}) in {out} ran {steps} updates, planned "
                         f"{stage.updates}; check train.epochs and the training set size")

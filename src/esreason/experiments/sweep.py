@@ -467,12 +467,9 @@ def plot_trajectories(trajs: Mapping[str, Trajectory], reference: str, param: st
     ax.set_xlim(1, max(longest, 2))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    from esreason.io import atomic_save_figure
+
+    return atomic_save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------- the whole sweep

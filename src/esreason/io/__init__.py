@@ -14,7 +14,8 @@ Typical trainer use::
         run.prune_checkpoints(keep_last=3)
 """
 
-from esreason.io.atomic import (COMPLETE_MARKER, atomic_directory, atomic_write_bytes, atomic_write_json,
+from esreason.io.atomic import (COMPLETE_MARKER, atomic_directory, atomic_save_figure, atomic_write_bytes,
+                                atomic_write_json,
                                 atomic_write_text, clean_stale_tmp, remove_directory)
 from esreason.io.hashing import hash_directory_safetensors, hash_state_dict, sha256_file
 from esreason.io.manifest import build_manifest, write_manifest
@@ -22,7 +23,7 @@ from esreason.io.metrics import MetricsLogger, read_metrics, truncate_metrics
 from esreason.io.progress import progress_bar
 from esreason.io.rundir import RunDir
 
-__all__ = ["COMPLETE_MARKER", "MetricsLogger", "RunDir", "atomic_directory", "atomic_write_bytes",
+__all__ = ["COMPLETE_MARKER", "MetricsLogger", "RunDir", "atomic_directory", "atomic_save_figure", "atomic_write_bytes",
            "atomic_write_json", "atomic_write_text", "build_manifest", "clean_stale_tmp",
            "hash_directory_safetensors", "hash_state_dict", "progress_bar", "read_metrics", "remove_directory",
            "sha256_file", "truncate_metrics", "write_manifest"]

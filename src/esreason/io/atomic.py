@@ -87,6 +87,24 @@ def to_json(obj: Any, *, indent: int | None = None) -> str:
     return json.dumps(obj, indent=indent, default=_json_default)
 
 
+def atomic_save_figure(fig: Any, path: str | Path, *, dpi: int = 130) -> Path:
+    """Render a matplotlib figure as PNG into ``path`` atomically, then close the figure.
+
+    The PNG is rendered in memory and written with :func:`atomic_write_bytes`, so a
+    reader never sees a half-written image and a failed render leaves no file.
+    """
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=dpi, bbox_inches="tight", format="png")
+    finally:
+        plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to a temp file beside ``path``, flush + fsync, then ``os.replace``.
 

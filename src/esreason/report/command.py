@@ -10,30 +10,18 @@ from __future__ import annotations
 
 import argparse
 
-from esreason.errors import UserError
+from esreason.eval.command import parse_ks
 
 
-def _parse_ks(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    ks = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        try:
-            ks.append(int(item))
-        except ValueError:
-            raise UserError(f"--large-k: {item!r} is not an integer (expected e.g. --large-k 16,32)") from None
-    if not ks:
-        raise UserError("--large-k is empty (expected e.g. --large-k 16,32)")
-    return ks
+def _large_ks(text: str | None) -> list[int] | None:
+    ks = parse_ks(text, "--large-k")
+    return None if ks is None else list(ks)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from esreason.report.build import build_report
 
-    result = build_report(args.experiment, args.out, pareto_k=args.pareto_k, large_ks=_parse_ks(args.large_k),
+    result = build_report(args.experiment, args.out, pareto_k=args.pareto_k, large_ks=_large_ks(args.large_k),
                           figures=not args.no_figures)
     for f in result.findings:
         verdict = "n/a" if f.holds is None else ("holds" if f.holds else "does not hold")

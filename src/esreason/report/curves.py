@@ -7,7 +7,8 @@ offset. Quantities:
 
 - ``reward/mean``: mean training reward of the update (ES: over the population; GRPO:
   over the group samples). No base-model value is logged for it, so that panel has no
-  reference line.
+  reference line. Levels differ between methods by construction (ES members decode at the
+  run's generation temperature, greedy in the paper's setting; GRPO samples at 1.0).
 - ``heldout/entropy`` and ``heldout/pass@K``: the periodic held-out evaluation during
   training (average over the run's held-out tasks). Step 0 of a run that starts from
   the base model is the base model's value, drawn as a horizontal reference line.

@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from esreason.io import atomic_save_figure  # noqa: E402
 from esreason.report.curves import Curves  # noqa: E402
 from esreason.report.load import Cell  # noqa: E402
 from esreason.report.pareto import ParetoPanel  # noqa: E402
@@ -65,12 +66,7 @@ def styles(labels: Mapping[str, str], roles: Mapping[str, str | None]) -> dict[s
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return atomic_save_figure(fig, path)
 
 
 def _grid(n: int, ncols_max: int = 3, size: tuple[float, float] = (4.2, 3.4),
