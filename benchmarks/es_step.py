@@ -22,6 +22,7 @@ Prints ONE JSON object. Key fields (targets from the issue "Scale-out and speed"
   batched.mfu                    model FLOP/s of batched generation / measured fp32 GEMM peak  >= 0.30
   rss.rss_ratio_es_vs_inference  peak RSS of a batched ES step / one-batch inference, N x B  <= 1.2
   rss.rss_ratio_grpo_vs_inference  peak RSS of one GRPO update (N responses x B prompts) / same
+  rss.*_nocache                  the same ES ratios with es.direction_cache_mb = 0
   ray.speedup_2_vs_1             population evaluation time with 1 HF engine / with 2 (Ray on CPU, one
                                  torch thread per engine), rewards checked equal to the sequential reference
 The ``inference_one_batch_over_same_batching`` field is the ceiling of any population
@@ -130,6 +131,11 @@ def run_child(mode: str, args: argparse.Namespace) -> None:
             run_grpo(cfg, Path(tmp) / "run", progress=False)
     else:
         model, tok, policy, sampler, prompts, golds, scorer = _setup(b, max(256, b))
+        if mode.endswith("_nocache"):  # directions regenerated from their seeds in the update
+            from esreason.backends.hf import HFPolicy
+
+            policy = HFPolicy(model, tok, direction_cache_mb=0)
+            mode = mode[: -len("_nocache")]
         params = [SamplingParams(max_new_tokens=args.max_new_tokens)] * n
         pop = draw_population(0, 0, n, "one_point")
         if mode in ("es_batched", "es_sequential"):
@@ -169,8 +175,8 @@ def measure_rss(args: argparse.Namespace) -> dict:
     """Peak RSS per workload, each in its own child process."""
     out: dict = {}
     env = dict(os.environ)
-    for mode in ("baseline", "inference_one_batch", "es_batched", "inference_same_batching", "es_sequential",
-                 "grpo"):
+    for mode in ("baseline", "inference_one_batch", "es_batched", "es_batched_nocache", "inference_same_batching",
+                 "es_sequential", "es_sequential_nocache", "grpo"):
         cmd = [sys.executable, __file__, "--child", mode, "--population", str(args.population),
                "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens)]
         if args.threads:
@@ -187,9 +193,13 @@ def measure_rss(args: argparse.Namespace) -> dict:
                 out[key] = out[f"{mode}_mb"] / one
                 if base is not None and one > base:
                     out[key.replace("rss_ratio", "rss_increment_ratio")] = (out[f"{mode}_mb"] - base) / (one - base)
+        if "es_batched_nocache_mb" in out:
+            out["rss_ratio_es_vs_inference_nocache"] = out["es_batched_nocache_mb"] / one
     same = out.get("inference_same_batching_mb")
     if same and "es_sequential_mb" in out:
         out["rss_ratio_sequential_es_vs_same_batching"] = out["es_sequential_mb"] / same
+    if same and "es_sequential_nocache_mb" in out:
+        out["rss_ratio_sequential_es_vs_same_batching_nocache"] = out["es_sequential_nocache_mb"] / same
     return out
 
 

@@ -44,6 +44,16 @@ def test_overrides_with_dotted_keys_and_yaml_values(tmp_path):
     (["eval.ks=1,64", "eval.samples=8"], "'eval.ks'"),
     (["es=3"], "'es': expected a mapping"),
     (["noequals"], "--set expects key=value"),
+    (["backend.type=gpu"], "allowed values: 'hf', 'batched', 'ray', 'vllm'"),
+    (["backend.engines=2"], "more than one engine needs backend.type=ray"),
+    (["backend.type=batched", "backend.engines=4"], "more than one engine needs backend.type=ray"),
+    (["backend.type=ray", "backend.engines=0"], "'backend.engines': must be >= 1"),
+    (["backend.ray_address=10.0.0.1:6379"], "'backend.ray_address': only used with backend.type=ray"),
+    (["backend.type=batched", "backend.population_batch=-1"], "'backend.population_batch'"),
+    (["backend.type=ray", "backend.check_every=-1"], "'backend.check_every'"),
+    (["es.perturbation=sparse"], "'es.perturbation'"),
+    (["es.perturbation=lowrank", "es.rank=0"], "'es.rank': must be >= 1"),
+    (["coverage.every=1", "es.restore=subtract"], "needs es.restore=exact"),
 ])
 def test_bad_config_errors_name_the_key(overrides, needle):
     with pytest.raises(ConfigError) as err:
