@@ -54,7 +54,7 @@ Usage (GPU; one model per run keeps each call well under 10 minutes)::
     # a subset (each call of the device tool is limited to 10 minutes):
     PYTHONPATH=src python benchmarks/gpu_memory.py --model qwen2.5-1.5b-shape --modes inference_one_batch,grpo_step
     PYTHONPATH=src python benchmarks/gpu_memory.py --model demo --population 32 --batch 16
-    # CPU smoke test (peaks are then ru_maxrss):
+    # CPU smoke test (peaks are then the host RSS high-water mark, VmHWM):
     OMP_NUM_THREADS=1 python benchmarks/gpu_memory.py --device cpu --model demo \\
         --population 2 --batch 2 --max-new-tokens 8
 
@@ -71,7 +71,7 @@ Prints ONE JSON object (indent 2). Fields:
     peak_allocated_gb   max_memory_allocated over the workload (null on CPU)
     peak_reserved_gb    max_memory_reserved over the workload (allocator cache included; null on CPU)
     peak_above_weights_gb  peak_allocated_gb - weights_gb: the working memory
-    maxrss_mb           peak host RSS of the child (ru_maxrss)
+    maxrss_mb           peak host RSS of the child (VmHWM; see peak_rss_mb)
     seconds             wall seconds of the workload (ES: evaluation + update; GRPO: run_grpo)
     tokens              generated tokens (GRPO: mean completion length x N x B)
     ES only: policy_state_gb (memory the HFPolicy adds: centre copy, fp32 masters; CUDA: measured
@@ -158,11 +158,26 @@ def memory_report(device: str, weights_gb: float) -> dict[str, Any]:
         peak = torch.cuda.max_memory_allocated() / GIB
         out.update(peak_allocated_gb=peak, peak_reserved_gb=torch.cuda.max_memory_reserved() / GIB,
                    peak_above_weights_gb=peak - weights_gb)
-    out["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["maxrss_mb"] = peak_rss_mb()
     return out
 
 
 # --------------------------------------------------------------------------- models (parent)
+
+
+def peak_rss_mb() -> float:
+    """Peak RSS of this process image in MB from /proc/self/status (VmHWM).
+
+    Not ru_maxrss: Linux carries the parent's high-water mark into a child's ru_maxrss
+    across fork + execve, and the parent here may hold a freshly built model.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def default_dtype(model: str) -> str:

@@ -152,6 +152,21 @@ def test_hundred_perturb_restore_cycles_are_bit_exact(dtype):
     assert_bitwise_equal(state(m), before)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_masters_restore_bit_exactly_without_a_model_dtype_copy(dtype):
+    """With fp32 masters the centre is restored from the master (round(master) == centre)."""
+    m = Tiny(dtype)
+    cp = CentredParameters(unique_named_parameters(m), restore="exact", master=True)
+    for step in range(3):  # updates with sub-ulp and larger components move the master and the centre
+        cp.apply_update([7 + step, 8 + step], [1.0, -0.5], 3e-3 if step % 2 else 3e-5)
+        after_update = state(m)
+        for i in range(20):
+            cp.perturb(100 * step + i, 3e-2 if i % 2 else -3e-2)
+            cp.restore()
+        assert_bitwise_equal(state(m), after_update)
+    assert cp._centre is None  # the saved model-dtype centre is not kept (one copy of the weights less)
+
+
 def test_subtract_restore_is_the_paper_artifact_and_drifts():
     m = Tiny(torch.bfloat16)
     before = state(m)

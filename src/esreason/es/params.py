@@ -10,7 +10,9 @@ master weights, and the three operations the paper's procedure needs:
 
 Restore modes (DESIGN §3):
 
-- ``exact`` (default): copy the saved centre back; bit-exact by construction.
+- ``exact`` (default): copy the saved centre back; bit-exact by construction. With
+  master weights the fp32 master is the saved centre (copying it into the model dtype
+  rounds to exactly the centre's bits), so no model-dtype copy is kept.
 - ``subtract``: theta <- theta - sigma * eps(seed), as the paper's artifact does.
   ``p + d - d != p`` in floating point, so this leaves ulp-level drift (in bf16
   about 10% of elements after one cycle). It exists for faithful reproduction
@@ -89,12 +91,16 @@ class CentredParameters:
     def _snapshot(self) -> None:
         """(Re)take the centre from the current parameter values."""
         with torch.no_grad():
-            # centre in model dtype, on the parameter's device (exact restore source)
-            self._centre = ({n: p.detach().clone() for n, p in self.params}
-                            if self.restore_mode == "exact" else None)
             # fp32 master copy on the parameter's device
             self._master = ({n: p.detach().to(torch.float32, copy=True) for n, p in self.params}
                             if self.master else None)
+            # centre in model dtype, on the parameter's device (exact restore source). With
+            # masters it is not kept: the model-dtype centre is round(master) by construction
+            # (at the snapshot exactly, after every update because apply_update writes
+            # p = round(master)), so restoring from the master gives the same bits and saves
+            # one copy of the weights (docs/scale.md, "Memory").
+            self._centre = ({n: p.detach().clone() for n, p in self.params}
+                            if self.restore_mode == "exact" and self._master is None else None)
 
     def reset_centre(self) -> None:
         """Adopt the module's current weights as the centre (after loading a checkpoint)."""
@@ -179,8 +185,9 @@ class CentredParameters:
             raise RuntimeError("restore() called without perturb()")
         t0 = time.perf_counter()
         if self.restore_mode == "exact":
+            source = self._centre if self._centre is not None else self._master  # masters: round(master)
             for name, p in self.params:
-                p.copy_(self._centre[name])
+                p.copy_(source[name])
         else:
             seed, sigma = self._active
             for name, p in self.params:
