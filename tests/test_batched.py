@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from esreason.backends.select import build_evaluator
 from esreason.config import load_config
 from esreason.errors import UserError
 from esreason.es.evaluate import evaluate_population
-from esreason.es.population import Population, draw_population
+from esreason.es.population import draw_population
 from esreason.es.run import run_es
 from esreason.io.hashing import hash_directory_safetensors
 

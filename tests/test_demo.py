@@ -4,7 +4,6 @@ through the CLI (smoke-sized; the full demo's numbers are in docs/experiments.md
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

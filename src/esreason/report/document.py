@@ -52,7 +52,7 @@ def _protocol_lines(exp: Experiment) -> list[str]:
             f"- protocol: {p.get('samples')} samples per problem at temperature {p.get('temperature')}, "
             f"max {p.get('max_new_tokens')} new tokens, greedy: {p.get('greedy')}, limit: {p.get('limit')}; "
             f"K in {exp.ks}",
-            f"- methods: " + ", ".join(f"{m.label} (`{m.key}`, {m.kind}"
+            "- methods: " + ", ".join(f"{m.label} (`{m.key}`, {m.kind}"
                                        + (f", {m.checkpoint}" if m.checkpoint else "") + ")"
                                        for m in exp.methods.values()),
             f"- intervals: {int(level * 100)}% percentile bootstrap over problems ({resamples} resamples), "
