@@ -98,7 +98,6 @@ import importlib.metadata
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -107,6 +106,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from es_step import peak_rss_mb  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("inference_one_batch", "inference_same_batching", "es_step_sequential", "es_step_batched", "grpo_step")
@@ -163,21 +164,6 @@ def memory_report(device: str, weights_gb: float) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- models (parent)
-
-
-def peak_rss_mb() -> float:
-    """Peak RSS of this process image in MB from /proc/self/status (VmHWM).
-
-    Not ru_maxrss: Linux carries the parent's high-water mark into a child's ru_maxrss
-    across fork + execve, and the parent here may hold a freshly built model.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def default_dtype(model: str) -> str:

@@ -409,6 +409,25 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def config_mapping(value: Any, key: str, base_dir: Path | None, *, cwd_first: bool = False) -> dict[str, Any]:
+    """A nested run config given as a YAML path or an inline mapping (experiment and sequence files).
+
+    A relative path is taken relative to ``base_dir`` (the directory of the file naming it);
+    with ``cwd_first`` a relative path that exists from the current directory wins.
+    Errors name ``key``.
+    """
+    if isinstance(value, str):
+        path = Path(value)
+        if not path.is_absolute() and base_dir is not None and not (cwd_first and path.exists()):
+            path = base_dir / path
+        if not path.is_file():
+            raise ConfigError(f"config key '{key}': config file not found: {path}")
+        return read_yaml(path)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise ConfigError(f"config key '{key}': expected a config file path or a mapping, got {value!r}")
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 cls: type = RunConfig) -> Any:
     """Read YAML ``path`` (optional), apply ``--set`` overrides, build and validate ``cls``."""

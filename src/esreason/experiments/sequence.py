@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from esreason.config import ConfigError, build, merge, parse_overrides, read_yaml, to_dict
+from esreason.config import ConfigError, build, config_mapping, merge, parse_overrides, read_yaml, to_dict
 from esreason.errors import UserError
 
 STAGE_METHODS = ("es", "grpo")
@@ -105,20 +105,6 @@ def _config_class(method: str) -> type:
     return GRPORunConfig
 
 
-def _stage_mapping(value: Any, key: str, base_dir: Path | None) -> dict[str, Any]:
-    """A stage config given as a path (relative to the sequence file) or an inline mapping."""
-    if isinstance(value, str):
-        path = Path(value)
-        if not path.is_absolute() and base_dir is not None and not path.exists():
-            path = base_dir / path
-        if not path.is_file():
-            raise ConfigError(f"config key '{key}': config file not found: {value}")
-        return read_yaml(path)
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise ConfigError(f"config key '{key}': expected a config file path or a mapping, got {value!r}")
-
-
 def plan_sequence(data: Mapping[str, Any], base_dir: Path | None = None) -> SequencePlan:
     """Validate a sequence mapping and build both stage configs (nothing is run)."""
     unknown = sorted(set(data) - set(TOP_KEYS))
@@ -136,7 +122,7 @@ def plan_sequence(data: Mapping[str, Any], base_dir: Path | None = None) -> Sequ
     for method in stages:
         if method not in data:
             raise ConfigError(f"config key '{method}': missing the {method} stage's run config (path or mapping)")
-        mappings[method] = _stage_mapping(data[method], method, base_dir)
+        mappings[method] = config_mapping(data[method], method, base_dir, cwd_first=True)
     total = data.get("total_updates")
     if total is None:
         steps = {m: (mappings[m].get("train") or {}).get("max_steps") for m in stages}
@@ -167,7 +153,7 @@ def load_sequence(path: str | Path | None, overrides: Sequence[str] = (),
     over = parse_overrides(overrides)
     for method in STAGE_METHODS:  # stage overrides merge into the stage's mapping, wherever it came from
         if method in over and method in raw:
-            raw[method] = merge(_stage_mapping(raw[method], method, base_dir), over.pop(method))
+            raw[method] = merge(config_mapping(raw[method], method, base_dir, cwd_first=True), over.pop(method))
     return plan_sequence(merge(raw, over), base_dir)
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from esreason.config import ConfigError, build, merge, parse_overrides, read_yaml
+from esreason.config import ConfigError, build, config_mapping, merge, parse_overrides, read_yaml
 
 METHODS = ("base", "grpo", "es", "es_grpo", "grpo_es")
 LABELS = {"base": "Base", "grpo": "GRPO", "es": "ES", "es_grpo": "ES→GRPO", "grpo_es": "GRPO→ES"}
@@ -164,19 +164,6 @@ def _check_model(spec: str, key: str) -> None:
         raise ConfigError(f"config key '{key}': {exc}") from None
 
 
-def _mapping(value: Any, key: str, base_dir: Path | None) -> dict[str, Any]:
-    if isinstance(value, str):
-        path = Path(value)
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        if not path.is_file():
-            raise ConfigError(f"config key '{key}': config file not found: {path}")
-        return read_yaml(path)
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise ConfigError(f"config key '{key}': expected a config file path or a mapping, got {value!r}")
-
-
 def _eval_protocol(data: Any) -> EvalProtocol:
     if not isinstance(data, Mapping):
         raise ConfigError(f"config key 'eval': expected a mapping, got {data!r}")
@@ -285,7 +272,7 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
             raise ConfigError(f"config key 'configs.{kind}': a {kind} run config is needed by the methods "
                               f"{[s.name for s in specs if s.kind in TRAINED and kind in TRAINED[s.kind]]}")
     for kind in configs:  # every given config is validated, needed or not (methods may be added later)
-        raw_cfgs[kind] = _mapping(configs[kind], f"configs.{kind}", base_dir)
+        raw_cfgs[kind] = config_mapping(configs[kind], f"configs.{kind}", base_dir)
         stage_cfgs[kind] = _stage_config(kind, raw_cfgs[kind], model, task, updates or 1)
     proto = _eval_protocol(data["eval"])
     report = data.get("report") or {}
@@ -314,6 +301,6 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec
     cfg_over = over.get("configs")
     if isinstance(cfg_over, Mapping) and isinstance(data.get("configs"), Mapping):
         # a run-config override merges into that config, whether it was given inline or as a path
-        data["configs"] = {k: (_mapping(v, f"configs.{k}", base_dir) if k in cfg_over else v)
+        data["configs"] = {k: (config_mapping(v, f"configs.{k}", base_dir) if k in cfg_over else v)
                            for k, v in data["configs"].items()}
     return parse_spec(merge(data, over), base_dir)
