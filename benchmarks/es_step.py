@@ -114,7 +114,7 @@ def run_child(mode: str, args: argparse.Namespace) -> None:
     from esreason.backends.batched import BatchedEvaluator
     from esreason.backends.sampling import Sampler
     from esreason.es import shaping
-    from esreason.es.evaluate import evaluate_population
+    from esreason.es_loop.evaluate import evaluate_population
     from esreason.es.population import draw_population
 
     n, b = args.population, args.batch
@@ -216,7 +216,7 @@ def measure_ray(args: argparse.Namespace, policy, prompts, golds, scorer, params
 
     from esreason.backends.engine import HFEngineOptions, policy_state
     from esreason.backends.ray_pool import RayEnginePool
-    from esreason.es.evaluate import evaluate_population
+    from esreason.es_loop.evaluate import evaluate_population
     from esreason.es.population import draw_population
 
     n = args.population
@@ -290,7 +290,7 @@ def main() -> None:
     from esreason.backends.batched import BatchedEvaluator
     from esreason.backends.sampling import Sampler
     from esreason.es import shaping
-    from esreason.es.evaluate import evaluate_population
+    from esreason.es_loop.evaluate import evaluate_population
     from esreason.es.population import draw_population
 
     model, tok, policy, sampler, prompts, golds, scorer = _setup(args.batch, max(256, args.batch))

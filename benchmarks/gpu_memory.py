@@ -289,7 +289,7 @@ def run_es(mode: str, args: argparse.Namespace, model: Any, tok: Any, prompts: l
     from esreason.backends.base import SamplingParams
     from esreason.backends.hf import HFPolicy
     from esreason.backends.sampling import Sampler
-    from esreason.es.evaluate import evaluate_population
+    from esreason.es_loop.evaluate import evaluate_population
     from esreason.es.population import draw_population
 
     n = args.population

@@ -13,12 +13,12 @@ from esreason.backends.batched import BatchedEvaluator
 from esreason.backends.hf import HFPolicy, load_model
 from esreason.backends.popmodel import PopulationModel, check_supported
 from esreason.backends.sampling import Sampler
-from esreason.backends.select import build_evaluator
+from esreason.es_loop.select import build_evaluator
 from esreason.config import load_config
 from esreason.errors import UserError
-from esreason.es.evaluate import evaluate_population
+from esreason.es_loop.evaluate import evaluate_population
 from esreason.es.population import draw_population
-from esreason.es.run import run_es
+from esreason.es_loop.run import run_es
 from esreason.io.hashing import hash_directory_safetensors
 
 

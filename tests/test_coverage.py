@@ -15,8 +15,8 @@ from esreason.analysis.coverage import policy_js
 from esreason.cli import main
 from esreason.config import load_config
 from esreason.errors import UserError
-from esreason.es import coverage as cv
-from esreason.es.run import run_es
+from esreason.es_loop import coverage as cv
+from esreason.es_loop.run import run_es
 from esreason.io.hashing import hash_directory_safetensors
 
 # --------------------------------------------------------------------------- statistics

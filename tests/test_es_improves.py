@@ -16,7 +16,7 @@ from esreason import tasks
 from esreason.backends.hf import load_model
 from esreason.backends.sampling import Sampler
 from esreason.config import load_config
-from esreason.es.run import run_es
+from esreason.es_loop.run import run_es
 from esreason.eval import evaluate_problems
 
 DEMO_ES = Path(__file__).resolve().parents[1] / "configs" / "demo" / "es.yaml"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from esreason.config import load_config
-from esreason.es.run import run_es
+from esreason.es_loop.run import run_es
 from esreason.io.hashing import hash_directory_safetensors
 
 
@@ -82,7 +82,7 @@ def test_run_directory_contract(demo_dir, tmp_path):
 def test_resume_after_kill_between_steps_is_bit_identical(demo_dir, tmp_path, monkeypatch):
     full = run_es(small_cfg(demo_dir), tmp_path / "full", progress=False)
 
-    from esreason.es.trainer import ESTrainer
+    from esreason.es_loop.trainer import ESTrainer
 
     original = ESTrainer.step
 
@@ -110,7 +110,7 @@ def test_resume_after_kill_during_checkpoint_write(demo_dir, tmp_path):
         import os, sys
         from esreason.backends import hf
         from esreason.config import load_config
-        from esreason.es.run import run_es
+        from esreason.es_loop.run import run_es
         original = hf.HFPolicy.save
         calls = []
         def save(self, directory):

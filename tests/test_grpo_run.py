@@ -77,7 +77,7 @@ def test_checkpoint_is_plain_hf_and_feeds_es_and_the_evaluator(demo_run, demo_di
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from esreason.config import load_config
-    from esreason.es.run import run_es
+    from esreason.es_loop.run import run_es
     from esreason.eval import evaluate
 
     out, result = demo_run

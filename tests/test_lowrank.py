@@ -283,7 +283,7 @@ def test_lowrank_es_run_raises_reward_on_the_embedded_default(tmp_path):
     from esreason.backends.hf import load_model
     from esreason.backends.sampling import Sampler
     from esreason.embedded import demo_model_dir
-    from esreason.es.run import run_es
+    from esreason.es_loop.run import run_es
 
     limit, tokens = 16, 48
     cfg = load_config(None, [

@@ -65,7 +65,7 @@ def test_unreachable_address_is_a_user_error():
 
 
 def test_unreachable_address_through_the_config(demo_policy):
-    from esreason.backends.select import build_evaluator
+    from esreason.es_loop.select import build_evaluator
 
     cfg = tiny_es_cfg("backend.type=ray", "backend.engines=2", "backend.ray_address=ray://127.0.0.1:1")
     with pytest.raises(UserError, match="cannot reach a Ray cluster"):
@@ -115,7 +115,7 @@ def pooled(ray_local):
     then a drifted engine, then a killed one.
     """
     from esreason.backends.hf import HFPolicy, load_model
-    from esreason.backends.select import build_evaluator
+    from esreason.es_loop.select import build_evaluator
 
     cfg = tiny_es_cfg("backend.type=ray", "backend.engines=2", "backend.check_every=1")
     model, tok = load_model(cfg.model)
@@ -134,8 +134,8 @@ def _metrics(run: Path) -> list[dict]:
 def test_ray_run_is_bit_identical_to_single_process(pooled, tmp_path):
     from esreason import tasks, verifiers
     from esreason.backends.sampling import Sampler
-    from esreason.es.run import run_es
-    from esreason.es.trainer import ESTrainer
+    from esreason.es_loop.run import run_es
+    from esreason.es_loop.trainer import ESTrainer
     from esreason.io import MetricsLogger, RunDir
     from esreason.io.hashing import hash_directory_safetensors
 
@@ -176,7 +176,7 @@ def test_killed_engine_mid_step_gives_the_same_result(pooled):
     from esreason import tasks, verifiers
     from esreason.backends.base import SamplingParams
     from esreason.backends.sampling import Sampler
-    from esreason.es.evaluate import evaluate_population
+    from esreason.es_loop.evaluate import evaluate_population
     from esreason.es.population import draw_population
 
     task = tasks.get("demo-add")

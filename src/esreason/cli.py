@@ -33,7 +33,7 @@ def _default_output(config: str | None, kind: str) -> Path:
 
 def _cmd_train_es(args: argparse.Namespace) -> int:
     from esreason.config import load_config
-    from esreason.es.run import run_es
+    from esreason.es_loop.run import run_es
 
     cfg = load_config(args.config, args.set or [])
     output = Path(args.output) if args.output else _default_output(args.config, "es")

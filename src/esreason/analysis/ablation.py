@@ -66,7 +66,7 @@ def run_restore_ablation(config: str | None, overrides: Sequence[str], steps: in
     Returns (per-variant analyses, exact-vs-subtract endpoint analysis, run info).
     """
     from esreason.config import load_config, to_dict
-    from esreason.es.run import run_es
+    from esreason.es_loop.run import run_es
 
     if steps < 1:
         raise UserError(f"--steps must be >= 1 (got {steps})")

@@ -1,7 +1,7 @@
 """``esreason analyze coverage`` and ``esreason analyze lemma1`` (paper §RQ1 theory; docs/coverage.md).
 
 - ``coverage RUN``: reads ``RUN/metrics.jsonl``, keeps the updates that logged the
-  ``coverage/...`` diagnostics of :mod:`esreason.es.coverage`, and writes a table
+  ``coverage/...`` diagnostics of :mod:`esreason.es_loop.coverage`, and writes a table
   (``coverage.md/.tex/.json``) and two figures: diversity (P_pop vs P_same, JS_succ
   against its finite-sample null and its local form, Cov(w, p)) and Proposition 1 (the
   margin m_K against K sqrt(eps/2), and the bound on J_K(pi_theta+)).

@@ -13,9 +13,11 @@ vLLM and Ray are imported only inside ``esreason.backends``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,29 @@ class Generation:
         return sum(len(t) for t in self.token_ids)
 
 
+@dataclass
+class PopulationResult:
+    """Outcome of one population evaluation.
+
+    rewards: [N, B] per member, per prompt training reward.
+    correct: [N, B] verifier-correct flags.
+    formatted: [N, B] followed the final-answer format.
+    tokens: generated tokens in total.
+    timings: seconds per phase ('generate', 'reward').
+    """
+
+    rewards: np.ndarray
+    correct: np.ndarray
+    formatted: np.ndarray
+    tokens: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def member_rewards(self) -> np.ndarray:
+        """R_i = mean reward over the mini-batch, shape [N]."""
+        return self.rewards.mean(axis=1)
+
+
 @runtime_checkable
 class Generator(Protocol):
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> Generation: ...
@@ -82,15 +107,15 @@ class PerturbablePolicy(Protocol):
 class PopulationEvaluator(Protocol):
     """Evaluates a whole population around the current centre (paper procedure step 3).
 
-    Implementations: :class:`esreason.es.evaluate.SequentialEvaluator` (the reference: one
+    Implementations: :class:`esreason.es_loop.evaluate.SequentialEvaluator` (the reference: one
     member at a time on an :class:`PerturbablePolicy`), the population-batched evaluator
     and the Ray engine pool (``backend.type``). Every implementation must return the same
     rewards as the sequential reference for the same seeds.
     """
 
     def evaluate(self, population: Any, sigma: float, prompts: Sequence[str], golds: Sequence[Any],
-                 scorer: Any, params: Sequence[SamplingParams]) -> Any:
-        """Rewards of every member (``esreason.es.evaluate.PopulationResult``, by population index)."""
+                 scorer: Any, params: Sequence[SamplingParams]) -> PopulationResult:
+        """Rewards of every member (:class:`PopulationResult`, by population index)."""
 
     def after_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> None:
         """Called after the trainer applied update ``step`` to its own centre: engines that hold

@@ -1,7 +1,7 @@
 """Population-batched evaluation (``backend.type: batched``): many ES members in one forward.
 
 Paper appendix "Implementation Procedure", step 3 evaluates every member on the shared
-mini-batch; the reference (:class:`esreason.es.evaluate.SequentialEvaluator`) does it one
+mini-batch; the reference (:class:`esreason.es_loop.evaluate.SequentialEvaluator`) does it one
 member at a time, which on a small model is dominated by per-call overhead. Here a group
 of ``backend.population_batch`` members (0 = all) decodes together: member weights are
 stacked ([P, *shape], :class:`esreason.backends.popmodel.PopulationModel`) and every
@@ -50,12 +50,11 @@ import numpy as np
 import torch
 
 from esreason.backends import topp
-from esreason.backends.base import Generation, SamplingParams
+from esreason.backends.base import Generation, PopulationResult, SamplingParams
 from esreason.backends.popmodel import PopulationKV, PopulationModel, check_supported
 from esreason.backends.sampling import COMPACT_BELOW, Sampler, check_params, chunk_generator
 from esreason.embedded import safe_decode
 from esreason.errors import UserError
-from esreason.es.evaluate import PopulationResult
 from esreason.es.population import Population
 from esreason.verifiers.base import Verdict
 

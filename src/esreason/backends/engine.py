@@ -29,7 +29,7 @@ import torch
 
 import numpy as np
 
-from esreason.backends.base import Generation, SamplingParams
+from esreason.backends.base import Generation, PopulationResult, SamplingParams
 
 #: A checkpoint as ``{relative file name: file bytes}``.
 StateFiles = dict[str, bytes]
@@ -214,8 +214,6 @@ class ResultCollector:
     def result(self, wall_seconds: float) -> Any:
         """The ``PopulationResult``; timings: generate = wall time of the evaluation minus
         driver-side scoring, engine_generate = summed engine generate time."""
-        from esreason.es.evaluate import PopulationResult
-
         missing = np.flatnonzero(~self.done)
         if missing.size:
             raise RuntimeError(f"members {missing.tolist()} were never evaluated")

@@ -161,7 +161,7 @@ def train_method(method: str, config: Any, out: Path, progress: bool) -> tuple[i
     """Train one ES or GRPO run into ``out`` (resumed when it has metrics); (updates done, final checkpoint)."""
     resume = (out / "metrics.jsonl").exists()
     if method == "es":
-        from esreason.es.run import run_es
+        from esreason.es_loop.run import run_es
 
         result = run_es(config, out, resume=resume, progress=progress)
         return result.steps, result.final_checkpoint

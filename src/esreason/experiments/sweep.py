@@ -8,7 +8,7 @@ appendix "Population-Size Scaling Trajectories"):
    value is built and validated *before anything is trained*; a bad value is a
    :class:`~esreason.errors.UserError` naming the key and the value;
 2. train: one ES run per value under ``OUTPUT/runs/<param>=<value>/`` via
-   :func:`esreason.es.run.run_es`; finished runs are skipped, partial ones resumed;
+   :func:`esreason.es_loop.run.run_es`; finished runs are skipped, partial ones resumed;
 3. smooth: per-update mean reward ``reward/mean`` -> the paper's debiased exponential
    smoothing (weight 0.99) and the residual band (:mod:`esreason.experiments.smoothing`);
 4. report: the checkpoint table (paper: updates 100/200/300, values within 0.01 of the
@@ -299,7 +299,7 @@ def is_finished(point: SweepPoint) -> bool:
 
 def train_point(point: SweepPoint, progress: bool) -> str:
     """Train (or resume) one run unless finished; returns 'skipped', 'resumed' or 'trained'."""
-    from esreason.es.run import run_es
+    from esreason.es_loop.run import run_es
     from esreason.io import atomic_write_json
 
     if is_finished(point):

@@ -7,7 +7,7 @@ multiples of the optimizer steps per update (:func:`esreason.grpo.trainer.build_
 every log and save falls on an update boundary, so:
 
 - :class:`HeldoutCallback` evaluates the held-out set at update 0 and every ``eval.every``
-  updates (``on_step_end``), with the same code path as ES (``esreason.es.run.make_heldout``
+  updates (``on_step_end``), with the same code path as ES (``esreason.es_loop.run.make_heldout``
   -> ``esreason.eval.evaluate_problems``): entropy, Pass@1, Pass@K of the current policy;
 - :class:`MetricsCallback` writes one metrics.jsonl row per update (``on_log``): TRL's
   metrics (``entropy``, ``kl``, ``clip_ratio/*``, ``loss``, ``grad_norm``, ``reward``,

@@ -115,7 +115,7 @@ def _build_dataset(problems: list[Any]) -> Any:
 def _prepare_run_dir(out: Path, cfg: GRPORunConfig, resume: bool) -> ResumePoint | None:
     """Fresh run: refuse a directory that holds one. Resume: same config, stale temporaries and
     unpaired TRL states removed, and the point to continue from (None: start over)."""
-    from esreason.es.run import check_resume_config
+    from esreason.es_loop.run import check_resume_config
     from esreason.grpo.callbacks import TRL_DIR
     from esreason.io import RunDir, clean_stale_tmp
 
@@ -157,7 +157,7 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
     from esreason import tasks, verifiers
     from esreason.backends.hf import load_model
     from esreason.backends.sampling import Sampler
-    from esreason.es.run import make_heldout
+    from esreason.es_loop.run import make_heldout
     from esreason.grpo import callbacks as cb
     from esreason.grpo.plan import plan_batches
     from esreason.grpo.reward import TaskReward

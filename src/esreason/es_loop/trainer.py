@@ -27,7 +27,7 @@ from esreason.backends.base import Generator, PopulationEvaluator, SamplingParam
 from esreason.backends.hf import HFPolicy
 from esreason.config import RunConfig
 from esreason.es import shaping
-from esreason.es.evaluate import SequentialEvaluator
+from esreason.es_loop.evaluate import SequentialEvaluator
 from esreason.es.population import draw_population, sampling_seeds
 from esreason.es.schedule import Schedule
 from esreason.tasks.base import Problem
@@ -106,7 +106,7 @@ class ESTrainer:
         weights = [float(zi) * sgn for zi, sgn in zip(z, pop.signs)]
         probe = None
         if self.cfg.coverage.every and (t + 1) % self.cfg.coverage.every == 0:  # docs/coverage.md
-            from esreason.es.coverage import CoverageProbe
+            from esreason.es_loop.coverage import CoverageProbe
 
             probe = CoverageProbe(self.cfg, self.policy, self.generator, self.scorer, t)
             probe.measure(pop, es.sigma, prompts, golds, weights)  # centre restored bit-exactly

@@ -17,7 +17,7 @@ import yaml
 
 from esreason.config import RunConfig, to_dict
 from esreason.errors import UserError
-from esreason.es.trainer import ES_STATE_FILE, ESTrainer, TrainResult
+from esreason.es_loop.trainer import ES_STATE_FILE, ESTrainer, TrainResult
 
 CONFIG_FILE = "config.yaml"
 
@@ -136,7 +136,7 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     heldout = make_heldout(cfg, generator, tokenizer)
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
     truncate_after = (start_step if start_step else -1) if resume else None
-    from esreason.backends.select import build_evaluator
+    from esreason.es_loop.select import build_evaluator
 
     # Before metrics.jsonl exists: a backend that fails to start (bad Ray address, too many
     # engines) must not leave a directory that "already holds a run".

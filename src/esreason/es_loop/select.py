@@ -3,7 +3,7 @@
 :func:`build_evaluator` returns the population evaluator the ES trainer uses; the
 trainer's in-process policy stays the authoritative centre in every mode.
 
-- ``hf``: :class:`esreason.es.evaluate.SequentialEvaluator`, one member at a time (the reference).
+- ``hf``: :class:`esreason.es_loop.evaluate.SequentialEvaluator`, one member at a time (the reference).
 - ``batched``: :class:`esreason.backends.batched.BatchedEvaluator`, groups of
   ``backend.population_batch`` members in one stacked-weight forward (same rewards).
 - ``ray``: :func:`esreason.backends.ray_pool.build_ray_pool` (engine actors, HF on CPU, vLLM on GPUs).
@@ -22,7 +22,7 @@ def build_evaluator(cfg: Any, policy: Any, generator: Generator, tokenizer: Any)
     """The evaluator for ``cfg.backend.type``; bad combinations raise UserError naming the key."""
     kind = cfg.backend.type
     if kind == "hf":
-        from esreason.es.evaluate import SequentialEvaluator
+        from esreason.es_loop.evaluate import SequentialEvaluator
 
         return SequentialEvaluator(policy, generator)
     if kind == "batched":

@@ -11,37 +11,13 @@ This is the sequential reference evaluator; batched and distributed evaluators
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from esreason.backends.base import Generator, PerturbablePolicy, SamplingParams
+from esreason.backends.base import Generator, PerturbablePolicy, PopulationResult, SamplingParams
 from esreason.es.population import Population
 from esreason.verifiers.base import Verdict
-
-
-@dataclass
-class PopulationResult:
-    """Outcome of one population evaluation.
-
-    rewards: [N, B] per member, per prompt training reward.
-    correct: [N, B] verifier-correct flags.
-    formatted: [N, B] followed the final-answer format.
-    tokens: generated tokens in total.
-    timings: seconds per phase ('generate', 'reward').
-    """
-
-    rewards: np.ndarray
-    correct: np.ndarray
-    formatted: np.ndarray
-    tokens: int
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def member_rewards(self) -> np.ndarray:
-        """R_i = mean reward over the mini-batch, shape [N]."""
-        return self.rewards.mean(axis=1)
 
 
 def evaluate_population(policy: PerturbablePolicy, generator: Generator, population: Population,
