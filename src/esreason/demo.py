@@ -6,8 +6,9 @@ FLOP-matched at T = 20 updates on ``demo-add``, each evaluated on ``demo-add`` a
 held-out families ``demo-sub`` and ``demo-countdown`` (32 samples per problem, Pass@1/16/32,
 Maj@K, entropy, bootstrap CIs); then writes the report (``OUTPUT/report/report.md`` with
 every table and figure) and prints a verdict per paper finding
-(:mod:`esreason.report.findings`: the direction of each RQ1 claim on the demo's numbers, and
-whether a paired 95 % bootstrap interval supports it).
+(:mod:`esreason.report.findings`, :mod:`esreason.report.verdicts`: "holds" only when the
+paired 95 % bootstrap interval excludes 0 in the claimed direction, else "direction agrees,
+not significant", "inconclusive" or "contradicted").
 
 Rerunning with the same ``--output`` resumes (finished methods are not trained again).
 ``--quick`` shrinks every budget to a smoke test (numbers meaningless).
@@ -17,6 +18,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from esreason.report.findings import Finding
 
 DEMO_EXPERIMENT = Path(__file__).resolve().parent / "assets" / "configs" / "experiment-demo.yaml"
 QUICK_OVERRIDES = (
@@ -39,11 +44,9 @@ def demo_spec(quick: bool = False, extra: tuple[str, ...] = ()):
     return load_spec(DEMO_EXPERIMENT, (QUICK_OVERRIDES if quick else ()) + tuple(extra))
 
 
-def _verdict(f) -> str:
-    status = {True: "reproduced", False: "not reproduced", None: "not tested"}[f.holds]
-    if f.holds is not None and f.significant is not None:
-        status += " (significant)" if f.significant else " (not significant)"
-    return f"{status}: {f.claim} — {f.evidence}"
+def _verdict(f: Finding) -> str:
+    """One line per finding: the verdict word of :mod:`esreason.report.verdicts`, the claim, the evidence."""
+    return f"{f.verdict}: {f.claim} — {f.evidence}"
 
 
 def run_demo(output: Path, quick: bool = False, progress: bool = True) -> int:
@@ -66,7 +69,8 @@ def run_demo(output: Path, quick: bool = False, progress: bool = True) -> int:
                       + "\n".join(f"{i}. {line}" for i, line in enumerate(lines, start=1))
                       + f"\n\nTook {elapsed:.0f} s on this machine{' (quick)' if quick else ''}.\n")
     print()
-    print("Paper findings in miniature (0.87M model; 'significant': a paired 95% bootstrap interval agrees):")
+    print("Paper findings in miniature (0.87M model; 'holds': the paired 95% bootstrap interval excludes 0 "
+          "in the claimed direction):")
     for i, line in enumerate(lines, start=1):
         print(f"  {i}. {line}")
     print()

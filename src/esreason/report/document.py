@@ -62,9 +62,7 @@ def _protocol_lines(exp: Experiment) -> list[str]:
 def _findings_md(findings: Sequence[Finding]) -> list[str]:
     rows = []
     for f in findings:
-        verdict = "n/a" if f.holds is None else ("holds" if f.holds else "does not hold")
-        sig = "" if f.significant is None else (" (significant)" if f.significant else " (not significant)")
-        rows.append([f.claim, verdict + sig, f.evidence, f.paper])
+        rows.append([f.claim, f.verdict, f.evidence, f.paper])
     return [markdown.simple_markdown(["Paper claim", "Here", "Evidence", "Paper"], rows)]
 
 
@@ -87,8 +85,10 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
     pk = parts.panels[0].k if parts.panels else max(exp.ks)
     lines = [f"# esreason report: {exp.name}", ""] + _protocol_lines(exp) + [""]
     lines += ["## Findings (paper RQ1 claims, checked here)", ""] + _findings_md(parts.findings) + [
-        "", "'holds' compares point estimates; 'significant': the 95% paired-bootstrap interval of the "
-            "difference excludes 0.", ""]
+        "", "'holds': the 95% paired-bootstrap interval of the difference excludes 0 in the claimed "
+            "direction; 'contradicted': it excludes 0 the other way; otherwise 'direction agrees, not "
+            "significant' (point estimate in the claimed direction) or 'inconclusive'. Claims without an "
+            "interval at best agree (esreason.report.verdicts).", ""]
     lines += _table_section(parts.pass_table, "1", "Pass@K",
                             "Paper Tables tab:rq1-instruct-final and tab:rq1-deepseek-math.", tex.get("pass_at_k", ""))
     lines += _table_section(parts.maj_table, "2", "Maj@K",

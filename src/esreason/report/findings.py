@@ -2,10 +2,13 @@
 
 Each :class:`Finding` restates one claim of section "RQ1: Does ES Exhibit the Same
 Post-Training Characteristics as GRPO?" (and Table ``tab:rq2-heldout-change``), gives
-the numbers it rests on, ``holds`` (the point estimates agree with the claim; None when
-a method or number is missing) and, for differences of averages, ``significant`` (the
-95 % paired-bootstrap interval of the difference excludes 0 in the claimed direction).
-Averages are over all tasks of the Pass@K table, as in the paper's Average column.
+the numbers it rests on and a ``verdict`` (:mod:`esreason.report.verdicts`): "holds" only
+when the 95 % paired-bootstrap interval of the difference excludes 0 in the claimed
+direction; otherwise "direction agrees, not significant", "inconclusive", or
+"contradicted" (the interval excludes 0 the other way); "not tested" when a method or
+number is missing. Claims without an interval (the Pareto front, the entropy curves) at
+best "agree". Averages are over all tasks of the Pass@K table, as in the paper's Average
+column.
 """
 
 from __future__ import annotations
@@ -18,23 +21,28 @@ from esreason.report.load import Experiment, evaluated
 from esreason.report.pareto import ParetoPanel
 from esreason.report.stats import paired_difference
 from esreason.report.tables import AVERAGE_GROUP, BelowBase, Table, table_tasks
+from esreason.report.verdicts import CONTRADICTED, HOLDS, NOT_TESTED, combine, interval_verdict, point_verdict
 
 
 @dataclass
 class Finding:
-    """One claim with its verdict."""
+    """One claim with its verdict (one of :data:`esreason.report.verdicts.VERDICTS`)."""
 
     id: str
     claim: str
     paper: str
-    holds: bool | None
+    verdict: str
     evidence: str
-    significant: bool | None = None
     values: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def holds(self) -> bool | None:
+        """True only for the verdict "holds"; None when not tested."""
+        return None if self.verdict == NOT_TESTED else self.verdict == HOLDS
+
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "claim": self.claim, "paper": self.paper, "holds": self.holds,
-                "significant": self.significant, "evidence": self.evidence, "values": self.values}
+        return {"id": self.id, "claim": self.claim, "paper": self.paper, "verdict": self.verdict,
+                "holds": self.holds, "evidence": self.evidence, "values": self.values}
 
 
 def _pp(x: float) -> str:
@@ -45,14 +53,14 @@ def _greater(exp: Experiment, a: str | None, b: str | None, tasks: Sequence[str]
              claim: str, paper: str) -> Finding:
     """Claim: average ``metric`` of a > that of b (paired difference over problems)."""
     if a is None or b is None:
-        return Finding(fid, claim, paper, None, "a method is missing from the experiment")
+        return Finding(fid, claim, paper, NOT_TESTED, "a method is missing from the experiment")
     d = paired_difference(exp, a, b, tasks, metric)
     if d is None:
-        return Finding(fid, claim, paper, None, f"{metric} missing for {exp.label(a)} or {exp.label(b)}")
-    sig = None if d.low is None else d.low > 0
-    ci = "" if d.low is None else f" [95% CI {_pp(d.low)}, {_pp(d.high)}]"  # type: ignore[arg-type]
-    return Finding(fid, claim, paper, d.value > 0, f"{exp.label(a)} - {exp.label(b)} average {metric}: "  # type: ignore
-                   f"{_pp(d.value)}{ci}", sig, {"diff": d.as_dict()})  # type: ignore[arg-type]
+        return Finding(fid, claim, paper, NOT_TESTED, f"{metric} missing for {exp.label(a)} or {exp.label(b)}")
+    ci = " (no interval)" if d.low is None or d.high is None else f" [95% CI {_pp(d.low)}, {_pp(d.high)}]"
+    return Finding(fid, claim, paper, interval_verdict(d.value, d.low, d.high),
+                   f"{exp.label(a)} - {exp.label(b)} average {metric}: {_pp(d.value)}{ci}",  # type: ignore[arg-type]
+                   {"diff": d.as_dict()})
 
 
 def average_findings(exp: Experiment, ks: Sequence[int]) -> list[Finding]:
@@ -72,19 +80,40 @@ def average_findings(exp: Experiment, ks: Sequence[int]) -> list[Finding]:
 
 
 def below_base_finding(exp: Experiment, below: BelowBase | None) -> Finding:
-    """GRPO falls below base at every large K on most tasks (the paper: 15 of 18)."""
+    """GRPO falls below base at every large K on most tasks (the paper: 15 of 18).
+
+    Holds when most tasks are *significantly* below base (paired 95 % interval entirely
+    below 0) at every large K; contradicted when most are significantly above base at
+    every large K; otherwise the point estimates decide between "agrees" and "inconclusive".
+    """
     claim = "GRPO falls below the base model at every large K on most tasks"
     paper = "RQ1 Test Results ('15 of 18 comparisons')"
     grpo = exp.by_role("grpo")
     if below is None or grpo is None:
-        return Finding("grpo_below_base", claim, paper, None, "no base or GRPO method")
+        return Finding("grpo_below_base", claim, paper, NOT_TESTED, "no base or GRPO method")
     row = next((c for c in below.counts if c["method"] == grpo and c["scope"] == "all"), None)
     if row is None or not row["tasks"]:
-        return Finding("grpo_below_base", claim, paper, None, "no complete comparison")
+        return Finding("grpo_below_base", claim, paper, NOT_TESTED, "no complete comparison")
     n, total = row["tasks_below_all_k"], row["tasks"]
-    return Finding("grpo_below_base", claim, paper, n > total / 2,
-                   f"{n} of {total} tasks below base at K in {below.ks}; {row['below']} of {row['comparisons']} "
-                   f"(task, K) comparisons below, {row['significant']} significant", values=dict(row))
+    per_task: dict[str, list[str]] = {}
+    for c in below.comparisons:
+        if c.method == grpo:  # each comparison's own verdict on "GRPO < base"
+            per_task.setdefault(c.task, []).append(interval_verdict(c.diff.value, c.diff.low, c.diff.high, -1))
+    complete = [vs for vs in per_task.values() if len(vs) == len(below.ks)]
+    sig_below = sum(all(v == HOLDS for v in vs) for vs in complete)
+    sig_above = sum(all(v == CONTRADICTED for v in vs) for vs in complete)
+    if sig_below > total / 2:
+        verdict = HOLDS
+    elif sig_above > total / 2:
+        verdict = CONTRADICTED
+    else:
+        verdict = point_verdict(n > total / 2)
+    return Finding("grpo_below_base", claim, paper, verdict,
+                   f"{n} of {total} tasks below base at K in {below.ks} ({sig_below} significantly, "
+                   f"{sig_above} significantly above); {row['below']} of {row['comparisons']} "
+                   f"(task, K) comparisons below, {row['significant']} significant",
+                   values=dict(row, tasks_significantly_below_all_k=sig_below,
+                               tasks_significantly_above_all_k=sig_above))
 
 
 def heldout_change_finding(exp: Experiment, change: Table | None, k: int) -> Finding:
@@ -93,13 +122,18 @@ def heldout_change_finding(exp: Experiment, change: Table | None, k: int) -> Fin
     paper = "RQ2; Table tab:rq2-heldout-change"
     es, grpo = exp.by_role("es"), exp.by_role("grpo")
     if change is None or es is None or grpo is None:
-        return Finding("heldout_change", claim, paper, None, "no held-out change table, ES or GRPO")
+        return Finding("heldout_change", claim, paper, NOT_TESTED, "no held-out change table, ES or GRPO")
     ce, cg = change.get(es, "pass", f"pass@{k}"), change.get(grpo, "pass", f"pass@{k}")
-    if ce is None or cg is None:
-        return Finding("heldout_change", claim, paper, None, f"pass@{k} change missing")
-    return Finding("heldout_change", claim, paper, ce.value > 0 > cg.value,  # type: ignore[operator]
-                   f"ES {_pp(ce.value)}, GRPO {_pp(cg.value)}",  # type: ignore[arg-type]
-                   values={"es": ce.as_dict(), "grpo": cg.as_dict()})
+    if ce is None or cg is None or ce.value is None or cg.value is None:
+        return Finding("heldout_change", claim, paper, NOT_TESTED, f"pass@{k} change missing")
+    parts = [interval_verdict(ce.value, ce.low, ce.high, 1), interval_verdict(cg.value, cg.low, cg.high, -1)]
+
+    def _ci(c: Any) -> str:
+        return " (no interval)" if c.low is None or c.high is None else f" [{_pp(c.low)}, {_pp(c.high)}]"
+
+    return Finding("heldout_change", claim, paper, combine(parts),
+                   f"ES {_pp(ce.value)}{_ci(ce)} ({parts[0]}), GRPO {_pp(cg.value)}{_ci(cg)} ({parts[1]})",
+                   values={"es": ce.as_dict(), "grpo": cg.as_dict(), "parts": parts})
 
 
 def pareto_finding(exp: Experiment, panels: Sequence[ParetoPanel]) -> Finding:
@@ -109,10 +143,10 @@ def pareto_finding(exp: Experiment, panels: Sequence[ParetoPanel]) -> Finding:
     avg = next((p for p in panels if p.key == AVERAGE_GROUP), None)
     comps = [m for m in (exp.by_role("es_grpo"), exp.by_role("grpo_es")) if m is not None]
     if avg is None or not comps or not any(m in avg.points for m in comps):
-        return Finding("pareto_added", claim, paper, None, "no Average panel or no composition")
+        return Finding("pareto_added", claim, paper, NOT_TESTED, "no Average panel or no composition")
     added = [m for m in comps if m in avg.added]  # on the front at a point Base/GRPO/ES do not occupy
-    return Finding("pareto_added", claim, paper, bool(added),
-                   f"on the full front: {', '.join(exp.label(m) for m in avg.full_front)}; added by compositions: "
+    return Finding("pareto_added", claim, paper, point_verdict(bool(added)),
+                   "no interval (front of point estimates); on the full front: {', '.join(exp.label(m) for m in avg.full_front)}; added by compositions: "
                    f"{', '.join(exp.label(m) for m in added) or 'none'}", values={"added": added})
 
 
@@ -123,10 +157,10 @@ def entropy_finding(exp: Experiment, curves: Curves | None) -> Finding:
     es, grpo = exp.by_role("es"), exp.by_role("grpo")
     lines = {s.method: s for s in (curves.panels.get("heldout/entropy", []) if curves else [])}
     if es not in lines or grpo not in lines:
-        return Finding("entropy", claim, paper, None, "held-out entropy not logged for ES and GRPO")
+        return Finding("entropy", claim, paper, NOT_TESTED, "held-out entropy not logged for ES and GRPO")
     change = {m: lines[m].ys[-1] - lines[m].ys[0] for m in (es, grpo)}  # type: ignore[index]
-    return Finding("entropy", claim, paper, change[grpo] < change[es],  # type: ignore[index]
-                   f"first-to-last change: GRPO {change[grpo]:+.4f}, ES {change[es]:+.4f} nats/token",  # type: ignore
+    return Finding("entropy", claim, paper, point_verdict(change[grpo] < change[es]),  # type: ignore[index]
+                   f"no interval; first-to-last change: GRPO {change[grpo]:+.4f}, ES {change[es]:+.4f} nats/token",  # type: ignore
                    values={"grpo": change[grpo], "es": change[es]})  # type: ignore[index]
 
 

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from esreason.errors import UserError
+from esreason.report.cells import Cell  # noqa: F401  (re-exported: the report modules import it from here)
+from esreason.report.stats import average as _average
 
 EXPERIMENT_FILE = "experiment.json"
 EXPERIMENT_KIND = "esreason-experiment"
@@ -38,22 +40,6 @@ SUMMARY_FILE = "summary.json"
 PROBLEMS_FILE = "problems.jsonl"
 ROLES = ("base", "grpo", "es", "es_grpo", "grpo_es")
 REFERENCE_ROLES = ("base", "grpo", "es")
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One number with its confidence interval (fractions, not percent).
-
-    n: problems behind a task value, tasks behind an average.
-    """
-
-    value: float | None
-    low: float | None = None
-    high: float | None = None
-    n: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "ci_low": self.low, "ci_high": self.high, "n": self.n}
 
 
 @dataclass(frozen=True)
@@ -176,9 +162,7 @@ class Experiment:
         None when the method lacks the metric on one of the tasks
         (:func:`esreason.report.stats.average`).
         """
-        from esreason.report.stats import average
-
-        return average(self, method, self.tasks if tasks is None else list(tasks), metric)
+        return _average(self, method, self.tasks if tasks is None else list(tasks), metric)
 
     def bootstrap_settings(self) -> tuple[float, int, int]:
         """(level, resamples, seed) of the evaluations' bootstrap (defaults 0.95, 1000, 0)."""

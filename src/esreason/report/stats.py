@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from esreason.report.load import Cell, Experiment
+from esreason.report.cells import Cell, ExperimentView
 
 
 def _indices(seed: int, task: str, n: int, resamples: int) -> np.ndarray:
@@ -69,7 +69,7 @@ def _column(rows: dict[str, dict], ids: Sequence[str], metric: str) -> np.ndarra
     return out
 
 
-def average(exp: Experiment, method: str, tasks: Sequence[str], metric: str) -> Cell | None:
+def average(exp: ExperimentView, method: str, tasks: Sequence[str], metric: str) -> Cell | None:
     """Equal-weight average of ``metric`` over ``tasks`` for ``method`` with its interval.
 
     None when any task lacks the metric (an average over fewer tasks would not compare).
@@ -98,7 +98,7 @@ def average(exp: Experiment, method: str, tasks: Sequence[str], metric: str) -> 
     return Cell(value, lo, hi, len(tasks))
 
 
-def paired_difference(exp: Experiment, method: str, base: str, tasks: Sequence[str], metric: str) -> Cell | None:
+def paired_difference(exp: ExperimentView, method: str, base: str, tasks: Sequence[str], metric: str) -> Cell | None:
     """``method - base`` averaged equally over ``tasks`` with a paired bootstrap interval.
 
     None when either side lacks the metric on some task. The interval pairs problems by
