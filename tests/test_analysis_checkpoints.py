@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from esreason.analysis.checkpoints import Checkpoint, SafetensorsStreamWriter, check_compatible, paired_chunks
-from esreason.analysis.drift import parse_taus
-from esreason.analysis.pair import analyze_pair
+from esreason.analysis.weights.checkpoints import Checkpoint, SafetensorsStreamWriter, check_compatible, paired_chunks
+from esreason.analysis.weights.drift import parse_taus
+from esreason.analysis.weights.pair import analyze_pair
 from esreason.errors import UserError
 
 
@@ -121,7 +121,7 @@ def test_non_finite_values_are_reported(tmp_path):
 def test_streaming_writer_round_trips_all_dtypes_and_layouts(tmp_path):
     data = {"a": torch.randn(4, 3), "b": torch.randn(5).to(torch.bfloat16), "c": torch.tensor(3.5, dtype=torch.float16),
             "d": torch.zeros(0, 4), "e": torch.arange(6, dtype=torch.int64).reshape(2, 3)}
-    from esreason.analysis.checkpoints import TORCH_TO_ST
+    from esreason.analysis.weights.checkpoints import TORCH_TO_ST
 
     order = ["d", "a", "b", "c", "e"]  # a zero-size tensor first
     w = SafetensorsStreamWriter(tmp_path / "x.safetensors",

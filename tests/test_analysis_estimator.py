@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from esreason.analysis.estimator import EstimatorSettings, parse_sigmas, pooled_stats
-from esreason.analysis.estimator_run import run_diagnostic, weights_digest
+from esreason.analysis.estimator.diagnostic import EstimatorSettings, parse_sigmas
+from esreason.analysis.estimator.stats import pooled_stats
+from esreason.analysis.estimator.run import run_diagnostic, weights_digest
 from esreason.errors import UserError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -154,7 +155,7 @@ def test_common_seeds_couple_better_than_independent_at_small_sigma(diagnostic):
 
 
 def test_supervised_ce_matches_hf_loss(demo):
-    from esreason.analysis.objectives import SupervisedExample, supervised_ce
+    from esreason.analysis.estimator.objectives import SupervisedExample, supervised_ce
 
     model, tok = demo
     prompt = tok("<s>Q:12+34\nA:", add_special_tokens=False)["input_ids"]
@@ -172,7 +173,7 @@ def test_supervised_ce_matches_hf_loss(demo):
 
 
 def test_sst2_loader_fixture(demo):
-    from esreason.analysis.sst2 import VERBALISER, sst2_examples
+    from esreason.analysis.estimator.sst2 import VERBALISER, sst2_examples
 
     _, tok = demo
     ex = sst2_examples(tok, "validation", FIXTURES / "sst2", limit=4)
@@ -183,7 +184,7 @@ def test_sst2_loader_fixture(demo):
 
 
 def test_sst2_loader_rejects_bad_rows(demo, tmp_path):
-    from esreason.analysis.sst2 import sst2_examples
+    from esreason.analysis.estimator.sst2 import sst2_examples
 
     _, tok = demo
     bad = tmp_path / "test.jsonl"
@@ -197,8 +198,8 @@ def test_sst2_loader_rejects_bad_rows(demo, tmp_path):
 
 
 def test_sst2_classification_ce_and_diagnostic(demo):
-    from esreason.analysis.objectives import completion_logprobs, supervised_ce
-    from esreason.analysis.sst2 import sst2_examples
+    from esreason.analysis.estimator.objectives import completion_logprobs, supervised_ce
+    from esreason.analysis.estimator.sst2 import sst2_examples
 
     model, tok = demo
     ex = sst2_examples(tok, "validation", FIXTURES / "sst2")

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from esreason.analysis.drift import parse_taus
-from esreason.analysis.pair import analyze_pair
+from esreason.analysis.weights.drift import parse_taus
+from esreason.analysis.weights.pair import analyze_pair
 from esreason.errors import UserError
 
 
@@ -152,7 +152,7 @@ def test_top_k_tie_rule_and_boundary_counts(tmp_path):
 
 
 def test_max_ratio_between_two_tuned_models(pair, tmp_path):
-    from esreason.analysis.localize import max_ratio
+    from esreason.analysis.weights.localize import max_ratio
 
     base, tuned = pair
     small = {k: v.clone() for k, v in base_tensors().items()}
@@ -182,7 +182,7 @@ def test_rounding_ulp_statistics_bf16(tmp_path):
 
 
 def test_rounding_lattice_steps_across_zero_and_fp16(tmp_path):
-    from esreason.analysis.rounding import order_key, ulp
+    from esreason.analysis.weights.rounding import order_key, ulp
 
     x = torch.tensor([-(2**-24), 0.0, 2**-24, 2**-14, 1.0], dtype=torch.float16)  # fp16: 2^-24 smallest subnormal
     keys = order_key(x, "F16").tolist()

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from esreason.analysis.drift import parse_taus
-from esreason.analysis.pair import analyze_pair
-from esreason.analysis.threshold import EvalSettings, run_sweep, write_thresholded
+from esreason.analysis.weights.drift import parse_taus
+from esreason.analysis.weights.pair import analyze_pair
+from esreason.analysis.weights.threshold import EvalSettings, run_sweep, write_thresholded
 from esreason.errors import UserError
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from esreason.analysis.coverage import policy_js
+from esreason.analysis.coverage.divergence import policy_js
 from esreason.cli import main
 from esreason.config import load_config
 from esreason.errors import UserError

@@ -1,15 +1,17 @@
-"""Weight analyses of checkpoint pairs (paper §RQ2) — ``esreason analyze``.
+"""Analyses behind ``esreason analyze`` — one subpackage per analysis, shared output modules at the top.
 
-- :mod:`~esreason.analysis.checkpoints`: streaming paired tensor access over safetensors,
-  the tied-weight rule, a streaming safetensors writer.
-- :mod:`~esreason.analysis.scan` / :mod:`~esreason.analysis.pair`: one pass feeding the statistics.
-- :mod:`~esreason.analysis.drift`: relative L2 distance, s_tau, thresholded distances, breakdowns.
-- :mod:`~esreason.analysis.threshold`: magnitude-thresholded checkpoints and the Pass@1 sweep.
-- :mod:`~esreason.analysis.localize` / :mod:`~esreason.analysis.categories`: the largest updates.
-- :mod:`~esreason.analysis.rounding`: ulp attribution of low-precision changes.
-- :mod:`~esreason.analysis.ablation`: subtract-to-restore vs exact restore, same seeds.
-- :mod:`~esreason.analysis.tables`, :mod:`~esreason.analysis.plots`, :mod:`~esreason.analysis.reports`:
-  Markdown/LaTeX/JSON tables and PNG figures; :mod:`~esreason.analysis.command`: the CLI.
+- :mod:`esreason.analysis.weights`: checkpoint-pair weight analyses (paper §RQ2): drift,
+  s_tau, thresholding, localisation, rounding attribution, the restore ablation (docs/analysis.md);
+- :mod:`esreason.analysis.estimator`: the one- vs two-point local perturbation diagnostic
+  (paper appendix "ES–ZO Estimator Equivalence"; docs/estimator.md);
+- :mod:`esreason.analysis.coverage`: population coverage diagnostics of a run and the
+  numerical check of Lemma 1 (paper §RQ1 theory; docs/coverage.md);
+- shared: :mod:`~esreason.analysis.tables` (Markdown/LaTeX/JSON tables and files),
+  :mod:`~esreason.analysis.figures` (matplotlib backend, atomic PNG writes),
+  :mod:`~esreason.analysis.output` (what a command prints), :mod:`~esreason.analysis.command`
+  (the ``analyze`` parser; each subpackage adds its sub-commands).
 
-Modules import torch; nothing is imported here so ``import esreason.analysis`` stays cheap.
+Dependencies point one way: command -> subpackages -> shared modules; subpackages do not
+import each other. Modules import torch; nothing is imported here so
+``import esreason.analysis`` stays cheap.
 """

@@ -115,6 +115,13 @@ def write_outputs(out_dir: str | Path, name: str, tables: Sequence[Table], paylo
     return paths
 
 
+def emit(out: str | Path | None, name: str, tables: Sequence[Table], payload: dict[str, Any]) -> dict[str, Path]:
+    """Write the tables and payload when ``out`` is given; returns the written paths."""
+    if out is None:
+        return {}
+    return write_outputs(out, name, tables, payload)
+
+
 def render_markdown(tables: Sequence[Table]) -> str:
     return "\n".join(t.to_markdown() for t in tables)
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from esreason.analysis.pair import PairAnalysis, analyze_pair
-from esreason.analysis.reports import category_panels, category_table, rounding_report
+from esreason.analysis.weights.pair import PairAnalysis, analyze_pair
+from esreason.analysis.weights.reports import category_panels, category_table, rounding_report
 from esreason.analysis.tables import Table, fmt_exact, fmt_pct
 from esreason.errors import UserError
 
@@ -144,7 +144,7 @@ def ablation_report(analyses: Sequence[PairAnalysis], endpoint: PairAnalysis, in
 
 
 def ablation_figures(analyses: Sequence[PairAnalysis], out: Path, name: str) -> list[Path]:
-    from esreason.analysis.plots import plot_category_counts, plot_update_histogram
+    from esreason.analysis.weights.plots import plot_category_counts, plot_update_histogram
 
     hists = {pa.label: (pa.drift.hist_edges, pa.drift.hist_counts) for pa in analyses}
     h = plot_update_histogram(hists, analyses[0].drift.taus, out / f"{name}_hist.png",

@@ -6,7 +6,7 @@ every requested objective at the centre, then perturbs the weights once per
 :mod:`esreason.es.noise`, exact restore) and evaluates every objective there. Statistics
 are computed later from the returned :class:`~esreason.analysis.estimator.DiagnosticResult`.
 
-Seeds (see :mod:`esreason.analysis.estimator` for the coupling design):
+Seeds (see :mod:`esreason.analysis.estimator.diagnostic` for the coupling design):
 
 - direction d: ES seed ``direction_seed + d``, evaluated at +sigma and -sigma;
 - ``common`` regenerated rollouts: the sampler call seed ``seed`` everywhere;
@@ -27,7 +27,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from esreason.analysis.estimator import DiagnosticResult, EstimatorSettings, Observations
+from esreason.analysis.estimator.diagnostic import DiagnosticResult, EstimatorSettings
+from esreason.analysis.estimator.stats import Observations
 from esreason.errors import UserError
 
 
@@ -62,11 +63,11 @@ def supervised_batch(settings: EstimatorSettings, task: Any, problems: list[Any]
     Gold completion: the problem's ``meta['target_text']`` (the synthetic tasks' chain of
     thought and boxed answer), else ``\\boxed{gold}`` for math/choice tasks.
     """
-    from esreason.analysis.objectives import SupervisedExample
+    from esreason.analysis.estimator.objectives import SupervisedExample
     from esreason.tasks import render_prompt
 
     if settings.supervised == "sst2":
-        from esreason.analysis.sst2 import sst2_examples
+        from esreason.analysis.estimator.sst2 import sst2_examples
 
         return sst2_examples(tokenizer, settings.sst2_split, settings.sst2_path, settings.ce_examples)
     if len(problems) < settings.ce_examples:
@@ -116,7 +117,7 @@ def _evaluate_here(ctx: _Context, reward_seeds: dict[str, int], *, deterministic
     deterministic: also evaluate the fixed-rollout and fixed-batch objectives.
     Returns {'reward|<coupling>' | objective name: (values float64 [rows], texts or None)}.
     """
-    from esreason.analysis import objectives as obj
+    from esreason.analysis.estimator import objectives as obj
 
     s, sb = ctx.settings, ctx.settings.score_batch_size
     out: dict[str, tuple[np.ndarray, list[str] | None]] = {}
@@ -134,7 +135,7 @@ def _evaluate_here(ctx: _Context, reward_seeds: dict[str, int], *, deterministic
 def _build_context(settings: EstimatorSettings, model: Any, tokenizer: Any, facts: dict[str, Any]) -> _Context:
     """Load the task, render prompts, sample the fixed rollouts at the centre, tokenise the fixed batch."""
     from esreason import tasks, verifiers
-    from esreason.analysis import objectives as obj
+    from esreason.analysis.estimator import objectives as obj
     from esreason.backends.sampling import Sampler
     from esreason.tasks import render_prompt
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from esreason.analysis.checkpoints import DEFAULT_CHUNK_ELEMS, Checkpoint
-from esreason.analysis.drift import DriftAccumulator, DriftResult
-from esreason.analysis.localize import Localization, TopKAccumulator
-from esreason.analysis.rounding import RoundingAccumulator, RoundingResult
-from esreason.analysis.scan import Accumulator, ScanInfo, scan
+from esreason.analysis.weights.checkpoints import DEFAULT_CHUNK_ELEMS, Checkpoint
+from esreason.analysis.weights.drift import DriftAccumulator, DriftResult
+from esreason.analysis.weights.localize import Localization, TopKAccumulator
+from esreason.analysis.weights.rounding import RoundingAccumulator, RoundingResult
+from esreason.analysis.weights.scan import Accumulator, ScanInfo, scan
 
 
 @dataclass

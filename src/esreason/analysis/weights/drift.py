@@ -13,8 +13,8 @@ Definitions, with Delta_i = theta_i - theta_0,i over every analysed coordinate:
   |Delta_i| > tau, so D_rel,tau = sqrt(sum_{|Delta_i| > tau} Delta_i^2) / ||theta_0||_2.
 
 Everything is accumulated per tensor in float64 while streaming
-(:mod:`esreason.analysis.scan`), so per-module and per-category breakdowns come from
-the same pass. Tied weights count once (rule in :mod:`esreason.analysis.checkpoints`).
+(:mod:`esreason.analysis.weights.scan`), so per-module and per-category breakdowns come from
+the same pass. Tied weights count once (rule in :mod:`esreason.analysis.weights.checkpoints`).
 A log-spaced histogram of |Delta| (20 bins per decade over [1e-16, 1e2), plus
 under/overflow) is kept for the plot.
 """
@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import torch
 
-from esreason.analysis.categories import CATEGORIES, GROUPS, categorize, layer_index
-from esreason.analysis.checkpoints import PairedChunk
+from esreason.analysis.weights.categories import CATEGORIES, GROUPS, categorize, layer_index
+from esreason.analysis.weights.checkpoints import PairedChunk
 from esreason.errors import UserError
 
 #: The paper's thresholds (Easy setting; the Hard-setting sweep adds 2.5e-3 and 3e-3).

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from esreason.analysis.categories import CATEGORIES, categorize
-from esreason.analysis.checkpoints import PairedChunk
+from esreason.analysis.weights.categories import CATEGORIES, categorize
+from esreason.analysis.weights.checkpoints import PairedChunk
 
 #: dtype -> (int view, mantissa bits p, minimum normal exponent emin, sign-magnitude mask)
 FORMATS: dict[str, tuple[torch.dtype, int, int, int]] = {

@@ -16,7 +16,7 @@ paper cites for ZO on SST-2):
 The paper does not give its template; this is our documented choice. The prompt is plain
 text (no chat template); the tokenizer adds its BOS token if it has one. The objective is
 the two-way classification cross-entropy over the verbaliser words (see
-:func:`esreason.analysis.objectives.supervised_ce`). The GLUE test split has hidden labels
+:func:`esreason.analysis.estimator.objectives.supervised_ce`). The GLUE test split has hidden labels
 (-1) and is rejected.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from esreason.analysis.objectives import SupervisedExample
+from esreason.analysis.estimator.objectives import SupervisedExample
 from esreason.errors import UserError
 from esreason.tasks.sources import RowReader, Source, load_rows
 

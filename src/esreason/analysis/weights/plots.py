@@ -1,4 +1,4 @@
-"""Figures of the analysis commands (matplotlib, Agg backend; PNG files).
+"""Figures of the weight analyses (PNG files; backend and saving in :mod:`esreason.analysis.figures`).
 
 - :func:`plot_update_histogram`: distribution of |Delta theta| on a log axis, one line per
   checkpoint, thresholds tau as vertical lines (supports paper §RQ2 "magnitude sparsity").
@@ -13,17 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import matplotlib
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from esreason.io import atomic_save_figure  # noqa: E402
-
-
-def _save(fig, path: str | Path) -> Path:
-    return atomic_save_figure(fig, path)
+from esreason.analysis.figures import plt
+from esreason.analysis.figures import save_figure as _save
 
 
 def plot_update_histogram(hists: Mapping[str, tuple[Sequence[float], Sequence[int]]],

@@ -18,7 +18,7 @@ with tied embeddings in the config, ``lm_head.weight`` is dropped from the analy
 when the embedding is also stored -- after checking that the two tensors are
 bit-identical in that checkpoint (otherwise loading would be ambiguous and we raise).
 Without the config flag nothing is deduplicated: two parameters that merely hold equal
-values are still two parameters. Writers (:mod:`esreason.analysis.threshold`) keep
+values are still two parameters. Writers (:mod:`esreason.analysis.weights.threshold`) keep
 every stored name, so a written checkpoint has the layout of the one it came from.
 """
 

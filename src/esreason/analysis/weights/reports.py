@@ -1,6 +1,6 @@
-"""Tables, JSON payloads and figures of the analysis commands, built from :class:`PairAnalysis`.
+"""Tables and JSON payloads of the weight analyses, built from :class:`PairAnalysis`.
 
-Each ``*_report`` function returns ``(tables, payload)``; :func:`emit` writes
+Each ``*_report`` function returns ``(tables, payload)``; :func:`esreason.analysis.tables.emit` writes
 ``<out>/<name>.md/.tex/.json`` and the command's PNG. Numbers in tables follow the
 paper's conventions: relative L2 distance in units of 1e-2, percentages with two
 decimals, update magnitudes printed exactly (bf16 steps such as 0.01171875).
@@ -8,16 +8,15 @@ decimals, update magnitudes printed exactly (bf16 steps such as 0.01171875).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from esreason.analysis.categories import CATEGORIES, GROUPS
-from esreason.analysis.localize import group_counts, max_ratio
-from esreason.analysis.pair import PairAnalysis
-from esreason.analysis.rounding import FORMATS, order_key
-from esreason.analysis.tables import Table, fmt_exact, fmt_pct, write_outputs
+from esreason.analysis.weights.categories import CATEGORIES, GROUPS
+from esreason.analysis.weights.localize import group_counts, max_ratio
+from esreason.analysis.weights.pair import PairAnalysis
+from esreason.analysis.weights.rounding import FORMATS, order_key
+from esreason.analysis.tables import Table, fmt_exact, fmt_pct
 from esreason.errors import UserError
 
 ST_TO_TORCH = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
@@ -61,7 +60,7 @@ def drift_report(tuned: PairAnalysis, ref: PairAnalysis | None = None) -> tuple[
     cat = Table(f"Drift by parameter category ({tuned.label})",
                 ["Category", "Tensors", "Coordinates", "Changed (%)", "D_rel in category (×1e-2)",
                  "Share of ‖Δ‖² (%)", "max |Δ|"],
-                caption="Category rules: esreason.analysis.categories; normalization = input_layernorm + other_norm, "
+                caption="Category rules: esreason.analysis.weights.categories; normalization = input_layernorm + other_norm, "
                         "attention = attn_proj + attn_bias.")
     for name, s in d.by_category().items():
         label = f"{name} (group)" if name in GROUPS else name
@@ -88,7 +87,7 @@ def _largest_table(rows: Sequence[PairAnalysis]) -> Table:
     t = Table("Largest updates", ["Checkpoint", "max |Δ|", "# at max", "At max, by category",
                                   f"Top-{k}, by category", f"Top-{k}: normalization", f"Top-{k}: attention"],
               caption="Top-k tie rule: |Δ| descending, then tensor name, then flat index "
-                      "(see esreason.analysis.localize).")
+                      "(see esreason.analysis.weights.localize).")
     for pa in rows:
         loc = pa.loc
         assert loc is not None
@@ -239,14 +238,4 @@ def threshold_table(stats: Any) -> Table:
     t.add(stats.tau_label, fmt_pct(stats.update_sparsity), stats.num_reset, stats.num_kept,
           _drel(stats.full_relative_l2), _drel(stats.relative_l2))
     return t
-
-
-# --------------------------------------------------------------------------- output
-
-
-def emit(out: str | Path | None, name: str, tables: Sequence[Table], payload: dict[str, Any]) -> dict[str, Path]:
-    """Write the tables and payload when ``out`` is given; returns the written paths."""
-    if out is None:
-        return {}
-    return write_outputs(out, name, tables, payload)
 

@@ -14,7 +14,7 @@ directions (paper §"Local Perturbation Diagnostic", Protocol):
 kappa < 1 means subtraction reduces the variance of the scalar objective values.
 Sample variances use ddof = 1 (the ratios and correlations do not depend on it).
 
-Objectives (``OBJECTIVES``; details in :mod:`esreason.analysis.objectives`):
+Objectives (``OBJECTIVES``; details in :mod:`esreason.analysis.estimator.objectives`):
 
 - ``reward``: regenerated-rollout task reward, with seed couplings ``common`` (the same
   generation seed at the three points: common random numbers) and ``independent``;
@@ -24,9 +24,9 @@ Objectives (``OBJECTIVES``; details in :mod:`esreason.analysis.objectives`):
 
 Perturbations use the training machinery: :class:`esreason.backends.hf.HFPolicy`
 (directions from :mod:`esreason.es.noise`, exact restore), so the centre is bit-identical
-afterwards; :func:`esreason.analysis.estimator_run.run_diagnostic` runs the diagnostic and
-checks this with a SHA-256 of the weights. This module holds the statistics, the settings
-and the result types (no model code).
+afterwards; :func:`esreason.analysis.estimator.run.run_diagnostic` runs the diagnostic and
+checks this with a SHA-256 of the weights. This module holds the settings and the result
+type; the pooled statistics are in :mod:`esreason.analysis.estimator.stats` (no model code).
 
 Our implementation choices where the paper is silent (docs/estimator.md):
 
@@ -46,71 +46,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
-
+from esreason.analysis.estimator.stats import DiagnosticStats, Observations
 from esreason.errors import UserError
 
 OBJECTIVES = ("reward", "ce", "logprob", "seqloss", "grpo")
 COUPLINGS = ("common", "independent")
 PAPER_SIGMAS = ("1e-4", "3e-4", "1e-3")
 PAPER_TABLE_SIGMA = 1e-3
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-@dataclass(frozen=True)
-class DiagnosticStats:
-    """Pooled statistics of one (objective, coupling, sigma) cell.
-
-    n: pooled observations. corr_base = Corr(X+, X0); corr_pair = Corr(X+, X-);
-    kappa_base = Var(X+ - X0)/Var(X+); kappa_pair = Var(X+ - X-)/Var(X+).
-    None where undefined (a zero variance in the denominator).
-    """
-
-    n: int
-    corr_base: float | None
-    kappa_base: float | None
-    corr_pair: float | None
-    kappa_pair: float | None
-    mean_plus: float
-    mean_zero: float
-    mean_minus: float
-    var_plus: float
-    var_zero: float
-    var_minus: float
-
-
-def _corr(a: np.ndarray, b: np.ndarray) -> float | None:
-    va, vb = a.var(ddof=1), b.var(ddof=1)
-    if va == 0 or vb == 0:
-        return None
-    cov = ((a - a.mean()) * (b - b.mean())).sum() / (a.size - 1)
-    return float(cov / math.sqrt(va * vb))
-
-
-def pooled_stats(x_plus: np.ndarray, x_zero: np.ndarray, x_minus: np.ndarray) -> DiagnosticStats:
-    """Statistics of Eq. app-raw-variance-ratios over all observations (arrays of one shape, flattened).
-
-    Pooling: every element is one scalar observation (e.g. shape [D, P, S] = directions x
-    prompts x seeds); element i of the three arrays forms one (X+, X0, X-) triple.
-    """
-    if not (x_plus.shape == x_zero.shape == x_minus.shape):
-        raise ValueError(f"X+, X0, X- shapes differ: {x_plus.shape}, {x_zero.shape}, {x_minus.shape}")
-    p, z, m = (np.asarray(x, dtype=np.float64).ravel() for x in (x_plus, x_zero, x_minus))
-    if p.size < 2:
-        raise ValueError(f"need at least 2 pooled observations, got {p.size}")
-    if not (np.isfinite(p).all() and np.isfinite(z).all() and np.isfinite(m).all()):
-        raise ValueError("non-finite objective values")
-    vp = float(p.var(ddof=1))
-    return DiagnosticStats(
-        n=int(p.size),
-        corr_base=_corr(p, z),
-        kappa_base=float((p - z).var(ddof=1) / vp) if vp > 0 else None,
-        corr_pair=_corr(p, m),
-        kappa_pair=float((p - m).var(ddof=1) / vp) if vp > 0 else None,
-        mean_plus=float(p.mean()), mean_zero=float(z.mean()), mean_minus=float(m.mean()),
-        var_plus=vp, var_zero=float(z.var(ddof=1)), var_minus=float(m.var(ddof=1)))
 
 
 # --------------------------------------------------------------------------- settings
@@ -246,18 +188,6 @@ class EstimatorSettings:
 
 
 @dataclass
-class Observations:
-    """X+, X0, X- of one (objective, coupling) at one sigma, each float64 [D, P, S]."""
-
-    plus: np.ndarray
-    zero: np.ndarray
-    minus: np.ndarray
-
-    def stats(self) -> DiagnosticStats:
-        return pooled_stats(self.plus, self.zero, self.minus)
-
-
-@dataclass
 class DiagnosticResult:
     """Observations keyed by (objective, coupling, sigma label), plus run facts.
 
@@ -277,5 +207,5 @@ class DiagnosticResult:
         return {k: v.stats() for k, v in self.observations.items()}
 
 
-__all__ = ["COUPLINGS", "DiagnosticResult", "DiagnosticStats", "EstimatorSettings", "OBJECTIVES",
-           "Observations", "PAPER_SIGMAS", "PAPER_TABLE_SIGMA", "parse_choices", "parse_sigmas", "pooled_stats"]
+__all__ = ["COUPLINGS", "DiagnosticResult", "EstimatorSettings", "OBJECTIVES", "PAPER_SIGMAS", "PAPER_TABLE_SIGMA",
+           "parse_choices", "parse_sigmas"]

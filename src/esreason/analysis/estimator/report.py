@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from esreason.analysis.estimator import DiagnosticResult, DiagnosticStats
+from esreason.analysis.estimator.diagnostic import DiagnosticResult
+from esreason.analysis.estimator.stats import DiagnosticStats
 from esreason.analysis.tables import Table, fmt
 
 COUPLING_LABELS = {"common": "Common seed", "independent": "Independent seed",
@@ -120,7 +121,7 @@ def save_observations(result: DiagnosticResult, path: str | Path) -> Path:
 
 def plot_kappas(result: DiagnosticResult, path: str | Path) -> Path:
     """κ_base and κ_pair against σ (log-log), one line per objective/coupling; κ = 1 dashed."""
-    from esreason.analysis.plots import _save, plt
+    from esreason.analysis.figures import plt, save_figure
 
     stats = result.stats()
     sigmas = list(result.settings.sigmas)
@@ -154,7 +155,7 @@ def plot_kappas(result: DiagnosticResult, path: str | Path) -> Path:
     axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     s = result.settings
     fig.suptitle(f"Local subtraction diagnostic: {s.model}, {s.task}, {s.directions} directions", fontsize=11)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 __all__ = ["estimator_report", "objective_label", "payload", "plot_kappas", "save_observations"]

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from esreason.analysis.categories import CATEGORIES, GROUPS, categorize
-from esreason.analysis.checkpoints import PairedChunk
+from esreason.analysis.weights.categories import CATEGORIES, GROUPS, categorize
+from esreason.analysis.weights.checkpoints import PairedChunk
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from esreason.analysis.estimator import (COUPLINGS, OBJECTIVES, PAPER_SIGMAS, PAPER_TABLE_SIGMA, EstimatorSettings,
+from esreason.analysis.estimator.diagnostic import (COUPLINGS, OBJECTIVES, PAPER_SIGMAS, PAPER_TABLE_SIGMA, EstimatorSettings,
                                          parse_choices, parse_sigmas)
+from esreason.analysis.output import print_result
 from esreason.errors import UserError
 
 DEFAULT_OUT = Path("runs") / "analysis" / "estimator"
@@ -41,9 +42,8 @@ def settings_from_args(args: argparse.Namespace) -> EstimatorSettings:
 
 
 def _cmd_estimator(args: argparse.Namespace) -> int:
-    from esreason.analysis.command import _print
-    from esreason.analysis.estimator_run import run_diagnostic
-    from esreason.analysis.estimator_report import estimator_report, plot_kappas, save_observations
+    from esreason.analysis.estimator.run import run_diagnostic
+    from esreason.analysis.estimator.report import estimator_report, plot_kappas, save_observations
     from esreason.analysis.tables import write_outputs
 
     settings = settings_from_args(args)
@@ -55,11 +55,11 @@ def _cmd_estimator(args: argparse.Namespace) -> int:
     paths = list(write_outputs(out, "estimator", tables, payload).values())
     paths.append(plot_kappas(result, out / "estimator_kappa.png"))
     paths.append(save_observations(result, out / "estimator_observations.npz"))
-    _print(args, tables, payload, paths)
+    print_result(args, tables, payload, paths)
     return 0
 
 
-def add_estimator_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parsers(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``estimator`` to the ``analyze`` sub-commands."""
     p = sub.add_parser("estimator", help="ES–ZO local perturbation diagnostic: Corr(X+,X0), κ_base, Corr(X+,X-), "
                                          "κ_pair across σ and objectives (paper appendix)")
@@ -106,4 +106,4 @@ def add_estimator_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPa
     return p
 
 
-__all__ = ["add_estimator_parser", "settings_from_args"]
+__all__ = ["add_parsers", "settings_from_args"]

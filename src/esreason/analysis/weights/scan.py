@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from esreason.analysis.checkpoints import DEFAULT_CHUNK_ELEMS, Checkpoint, PairedChunk, paired_chunks
+from esreason.analysis.weights.checkpoints import DEFAULT_CHUNK_ELEMS, Checkpoint, PairedChunk, paired_chunks
 from esreason.errors import UserError
 
 

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
-from esreason.analysis.checkpoints import DEFAULT_CHUNK_ELEMS, Checkpoint, SafetensorsStreamWriter, check_compatible
+from esreason.analysis.weights.checkpoints import DEFAULT_CHUNK_ELEMS, Checkpoint, SafetensorsStreamWriter, check_compatible
 from esreason.errors import UserError
 
 THRESHOLD_INFO = "threshold.json"
