@@ -69,7 +69,7 @@ def test_plan_rejects_a_batch_larger_than_the_split():
         plan_batches(cfg, 10)
 
 
-@pytest.mark.parametrize("path", ["demo/grpo.yaml", "easy/grpo-qwen2.5-1.5b.yaml",
+@pytest.mark.parametrize("path", ["demo/grpo.yaml", "easy/grpo-qwen2.5-1.5b.yaml", "easy/grpo-qwen2.5-7b.yaml",
                                   "hard/grpo-deepseek-r1-distill-qwen-1.5b.yaml"])
 def test_shipped_configs_load(path):
     cfg = load_grpo_config(CONFIGS / path)
@@ -85,6 +85,20 @@ def test_paper_configs_follow_the_table():
     assert easy.grpo.mini_batch_size == 32 and easy.grpo.micro_batch_size == 2
     assert hard.grpo.standardize_advantages
     assert "transcribed" in (CONFIGS / "hard" / "grpo-deepseek-r1-distill-qwen-1.5b.yaml").read_text().lower()
+
+
+def test_7b_config_is_the_easy_column_for_qwen_7b():
+    """The table gives one Easy GRPO column for all three models: the 7B config differs from the
+    1.5B one only in the model and in activation checkpointing (memory, not the update)."""
+    from esreason.config import to_dict
+
+    small = to_dict(load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-1.5b.yaml"))
+    big = to_dict(load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-7b.yaml"))
+    assert big["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert big["grpo"].pop("gradient_checkpointing") is True
+    small["grpo"].pop("gradient_checkpointing")
+    assert {k: v for k, v in big.items() if k != "model"} == {k: v for k, v in small.items() if k != "model"}
+    assert big["train"]["max_steps"] == 232  # FLOP-matched T, as the 1.5B pair
 
 
 def test_trl_arguments_are_explicit_and_build(tmp_path):

@@ -17,6 +17,11 @@ every log and save falls on an update boundary, so:
 - :class:`CheckpointCallback` writes ``RUN/checkpoints/step_N`` (HF format + tokenizer +
   ``grpo_state.json``) atomically (``on_save``), after TRL's own checkpoint, so a complete
   ``step_N`` implies a complete TRL state to resume from.
+
+With several processes (:mod:`esreason.grpo.distributed`) transformers calls the callbacks on
+every process: the held-out and metrics callbacks exist on the main process only, and the
+checkpoint callback runs on all of them (gathering a sharded model is a collective) while
+only the main process writes.
 """
 
 from __future__ import annotations
@@ -122,10 +127,12 @@ class MetricsCallback(TrainerCallback):
 class CheckpointCallback(TrainerCallback):
     """Writes RUN/checkpoints/step_N after TRL saved RUN/trl/checkpoint-<global_step>.
 
-    save: ``save(update, state_dict) -> Path`` writes the HF checkpoint with ``grpo_state.json``.
+    save: ``save(update, grpo_state, model) -> Path`` writes the HF checkpoint with ``grpo_state.json``
+    (``model``: the trainer's model as transformers passes it, possibly DDP/FSDP-wrapped). Called
+    on every process; ``save`` decides who writes.
     """
 
-    def __init__(self, plan: BatchPlan, save: Callable[[int, dict[str, Any]], Path], train_seed: int) -> None:
+    def __init__(self, plan: BatchPlan, save: Callable[[int, dict[str, Any], Any], Path], train_seed: int) -> None:
         self.plan, self.save, self.train_seed = plan, save, train_seed
         self.last: Path | None = None
 
@@ -135,7 +142,8 @@ class CheckpointCallback(TrainerCallback):
             raise RuntimeError(f"TRL saved at optimizer step {step}, inside an update")
         update = self.plan.update_of(step)
         trl_ckpt = Path(args.output_dir) / trl_checkpoint_name(step)
-        if not (trl_ckpt / "trainer_state.json").is_file():
+        # trainer_state.json is written by the main process; others may get here before it does.
+        if state.is_world_process_zero and not (trl_ckpt / "trainer_state.json").is_file():
             raise RuntimeError(f"TRL checkpoint {trl_ckpt} is missing after on_save")
         grpo_state = {
             "step": update,
@@ -146,12 +154,18 @@ class CheckpointCallback(TrainerCallback):
             "train_seed": self.train_seed,
             "plan": self.plan.as_dict(),
         }
-        self.last = self.save(update, grpo_state)
+        self.last = self.save(update, grpo_state, kwargs.get("model"))
 
 
-def write_hf_checkpoint(directory: Path, model: Any, tokenizer: Any, grpo_state: dict[str, Any]) -> None:
-    """Model + tokenizer in Hugging Face format, plus grpo_state.json, into ``directory``."""
-    model.save_pretrained(directory)
+def write_hf_checkpoint(directory: Path, model: Any, tokenizer: Any, grpo_state: dict[str, Any],
+                        state_dict: dict[str, Any] | None = None) -> None:
+    """Model + tokenizer in Hugging Face format, plus grpo_state.json, into ``directory``.
+
+    state_dict: the full weights when ``model`` is sharded (gathered by
+    :func:`esreason.grpo.distributed.full_state_dict`); None = ``model``'s own. transformers
+    writes the same files either way (tied weights stored once).
+    """
+    model.save_pretrained(directory, state_dict=state_dict)
     tokenizer.save_pretrained(directory)
     (Path(directory) / GRPO_STATE_FILE).write_text(json.dumps(grpo_state, indent=2))
 

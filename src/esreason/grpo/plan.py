@@ -13,6 +13,21 @@ sequences), each accumulated from micro-batches of 2 sequences. In TRL terms::
     => generation_batch_size    = B * G                    (512 sequences per rollout)
        optimizer steps / update = B / mini                 (2)
 
+With P processes (``accelerate launch``, data parallel or sharded), B x G stays the *global*
+rollout batch and the mini-batch stays global; only the micro-batch is per process, as verl's
+``ppo_micro_batch_size_per_gpu``::
+
+    per_device_train_batch_size = micro
+    gradient_accumulation_steps = mini * G / (micro * P)
+    steps_per_generation        = B * G / (micro * P)
+    => generation_batch_size    = micro * P * steps_per_generation = B * G   (TRL's GRPOConfig)
+
+so T, the prompts per update and the optimizer steps per update do not depend on P. Each
+process samples B * G / P of the update's responses (TRL splits the generation batch by
+process rank); the gradient of an optimizer step is the mean over its mini * G responses
+(TRL's per-micro-batch mean divided by the accumulation steps, averaged over processes by
+DDP/FSDP). :func:`plan_batches` refuses a P that does not divide the batch evenly.
+
 The second optimizer step of an update trains on responses sampled before the first step,
 so its importance ratio differs from 1 and the clip acts (PPO semantics); TRL computes the
 behaviour log-probabilities at generation time whenever steps_per_generation exceeds
@@ -35,7 +50,9 @@ from esreason.grpo.config import GRPORunConfig
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """TRL batch settings for one run (all counts are per process; esreason runs one process)."""
+    """TRL batch settings for one run. B, G, the mini-batch, T and the optimizer steps are global
+    (the same for every process count); the micro-batch and the TRL step counts derived from it
+    are per process."""
 
     prompts_per_update: int
     """B: prompts in one rollout batch."""
@@ -49,6 +66,8 @@ class BatchPlan:
     """floor(N / B)."""
     total_updates: int
     """T: train.max_steps, or epochs x updates_per_epoch."""
+    num_processes: int = 1
+    """P: training processes (accelerate launch --num_processes); 1 without a launcher."""
 
     @property
     def optimizer_steps_per_update(self) -> int:
@@ -56,11 +75,19 @@ class BatchPlan:
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return self.prompts_per_optimizer_step * self.generations // self.sequences_per_micro_batch
+        """Micro-batches per optimizer step on each process: mini x G / (micro x P)."""
+        return (self.prompts_per_optimizer_step * self.generations
+                // (self.sequences_per_micro_batch * self.num_processes))
 
     @property
     def steps_per_generation(self) -> int:
-        return self.prompts_per_update * self.generations // self.sequences_per_micro_batch
+        """Micro-batches per rollout batch on each process: B x G / (micro x P)."""
+        return self.prompts_per_update * self.generations // (self.sequences_per_micro_batch * self.num_processes)
+
+    @property
+    def sequences_per_process(self) -> int:
+        """Responses of one update sampled (and trained on) by each process: B x G / P."""
+        return self.sequences_per_update // self.num_processes
 
     @property
     def sequences_per_update(self) -> int:
@@ -82,6 +109,8 @@ class BatchPlan:
             "prompts_per_update": self.prompts_per_update,
             "generations": self.generations,
             "sequences_per_update": self.sequences_per_update,
+            "num_processes": self.num_processes,
+            "sequences_per_process": self.sequences_per_process,
             "prompts_per_optimizer_step": self.prompts_per_optimizer_step,
             "optimizer_steps_per_update": self.optimizer_steps_per_update,
             "sequences_per_micro_batch": self.sequences_per_micro_batch,
@@ -98,12 +127,36 @@ def updates_per_epoch(num_problems: int, batch_size: int) -> int:
     return num_problems // batch_size
 
 
-def plan_batches(cfg: GRPORunConfig, num_problems: int) -> BatchPlan:
-    """The :class:`BatchPlan` of ``cfg`` on a training split of ``num_problems`` prompts.
+def check_divisible(cfg: GRPORunConfig, num_processes: int) -> None:
+    """Raise UserError unless P processes split every optimizer step into whole micro-batches.
 
-    Raises UserError (naming train.batch_size) when not even one full batch fits.
+    The condition is (mini x G) % (micro x P) == 0 with mini = grpo.mini_batch_size or
+    train.batch_size (it implies (B x G) % (micro x P) == 0, since mini divides B).
     """
     tr, g = cfg.train, cfg.grpo
+    if num_processes < 1:
+        raise UserError(f"number of processes must be >= 1 (got {num_processes})")
+    mini = g.mini_batch_size or tr.batch_size
+    step_seqs = mini * g.num_generations
+    per_step = g.micro_batch_size * num_processes
+    if step_seqs % per_step:
+        raise UserError(
+            f"config key 'grpo.micro_batch_size': {num_processes} processes x {g.micro_batch_size} sequences per "
+            f"micro-batch = {per_step} does not divide the {step_seqs} sequences of one optimizer step "
+            f"({mini} prompts x grpo.num_generations={g.num_generations}; the update is train.batch_size="
+            f"{tr.batch_size} x {g.num_generations} = {tr.batch_size * g.num_generations} sequences); "
+            "change grpo.micro_batch_size or the number of processes")
+
+
+def plan_batches(cfg: GRPORunConfig, num_problems: int, num_processes: int = 1) -> BatchPlan:
+    """The :class:`BatchPlan` of ``cfg`` on a training split of ``num_problems`` prompts, trained by
+    ``num_processes`` processes (T and the prompts per update do not depend on it).
+
+    Raises UserError (naming train.batch_size) when not even one full batch fits, and (naming
+    grpo.micro_batch_size) when the processes cannot split the batch evenly.
+    """
+    tr, g = cfg.train, cfg.grpo
+    check_divisible(cfg, num_processes)
     per_epoch = updates_per_epoch(num_problems, tr.batch_size)
     if per_epoch < 1:
         raise UserError(f"config key 'train.batch_size': {tr.batch_size} prompts per update but the training "
@@ -112,7 +165,7 @@ def plan_batches(cfg: GRPORunConfig, num_problems: int) -> BatchPlan:
     return BatchPlan(prompts_per_update=tr.batch_size, generations=g.num_generations,
                      prompts_per_optimizer_step=g.mini_batch_size or tr.batch_size,
                      sequences_per_micro_batch=g.micro_batch_size, updates_per_epoch=per_epoch,
-                     total_updates=total)
+                     total_updates=total, num_processes=num_processes)
 
 
-__all__ = ["BatchPlan", "plan_batches", "updates_per_epoch"]
+__all__ = ["BatchPlan", "check_divisible", "plan_batches", "updates_per_epoch"]

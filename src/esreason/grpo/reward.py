@@ -29,8 +29,11 @@ class TaskReward:
     problems: the training split (``problem_index`` indexes it); tokenizer: decodes the
     completion ids; scorer: the task verifier ``score(text, gold) -> Verdict``.
     Per call it reports, through TRL's ``log_metric``, ``accuracy/mean`` (verifier-correct),
-    ``format/mean`` (final-answer format followed), ``reward/mean`` and ``reward/std``
-    (population std over the rollout batch) — the keys ES logs.
+    ``format/mean`` (final-answer format followed) and ``reward/mean`` — the keys ES logs. TRL
+    averages them over processes, which is the batch mean because every process scores the same
+    number of responses. ``reward/std`` (population std over the whole rollout batch) is logged by
+    :class:`esreason.grpo.trainer.PaperGRPOTrainer` from the gathered rewards, since a mean of
+    per-process stds is not the batch std.
     """
 
     __name__ = "task_reward"  # TRL names the reward column after the callable
@@ -52,7 +55,6 @@ class TaskReward:
         rewards = np.array([v.reward for v in verdicts], dtype=np.float64)
         if log_metric is not None and len(verdicts):
             log_metric("reward/mean", float(rewards.mean()))
-            log_metric("reward/std", float(rewards.std()))
             log_metric("accuracy/mean", float(np.mean([v.correct for v in verdicts])))
             log_metric("format/mean", float(np.mean([v.formatted for v in verdicts])))
         return [float(r) for r in rewards]

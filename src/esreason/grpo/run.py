@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from esreason.errors import UserError
 from esreason.grpo.config import GRPORunConfig
+from esreason.grpo.distributed import Processes, barrier, full_state_dict
 from esreason.grpo.plan import BatchPlan
 
 CONFIG_FILE = "config.yaml"
@@ -112,23 +114,45 @@ def _build_dataset(problems: list[Any]) -> Any:
     return Dataset.from_list(rows)
 
 
-def _prepare_run_dir(out: Path, cfg: GRPORunConfig, resume: bool) -> ResumePoint | None:
-    """Fresh run: refuse a directory that holds one. Resume: same config, stale temporaries and
-    unpaired TRL states removed, and the point to continue from (None: start over)."""
+def _check_run_dir(out: Path, cfg: GRPORunConfig, resume: bool) -> ResumePoint | None:
+    """Read-only checks every process makes before anything is written. Fresh run: refuse a
+    directory that holds one. Resume: same config, and the point to continue from (None: start over)."""
     from esreason.es_loop.run import check_resume_config
-    from esreason.grpo.callbacks import TRL_DIR
-    from esreason.io import RunDir, clean_stale_tmp
 
     if not resume:
         _check_fresh(out)
         return None
     check_resume_config(out, cfg)
+    return find_resume_point(out)
+
+
+def _clean_run_dir(out: Path, point: ResumePoint | None) -> None:
+    """Resume (main process only): remove stale temporaries and TRL states newer than ``point``."""
+    from esreason.grpo.callbacks import TRL_DIR
+    from esreason.io import RunDir, clean_stale_tmp
+
     run_dir = RunDir(out)
     if run_dir.checkpoints_dir.exists():
         clean_stale_tmp(run_dir.checkpoints_dir)
-    point = find_resume_point(out)
     _drop_newer_trl_states(out / TRL_DIR, point.optimizer_steps if point else 0)
-    return point
+
+
+def _check_processes(cfg: GRPORunConfig, procs: Processes) -> None:
+    """Settings that do not work with the launcher's setup, named by config key."""
+    if procs.sharding != "none" and not cfg.device.startswith("cuda"):
+        # accelerate 1.15 enables FSDP/DeepSpeed only for accelerator devices (AcceleratorState: MULTI_GPU,
+        # MULTI_NPU, ...); with use_cpu it is MULTI_CPU and would silently run unsharded data parallel.
+        raise UserError(f"config key 'device': {cfg.device!r}, but the accelerate config asks for "
+                        f"{procs.sharding} sharding, which accelerate supports on GPUs only (on the CPU it would "
+                        "silently fall back to unsharded data parallel); use device 'cuda', or launch data "
+                        "parallel (accelerate launch --multi_gpu --num_processes N)")
+    if procs.sharding != "none" and cfg.eval.every:
+        raise UserError(f"config key 'eval.every': held-out evaluation during training is not supported with "
+                        f"{procs.sharding} sharding (the sampler would run the sharded model on one process); "
+                        "set eval.every=0 and evaluate RUN/checkpoints/step_N with `esreason eval`")
+    if procs.distributed and cfg.grpo.use_vllm:
+        raise UserError("config key 'grpo.use_vllm': vLLM colocate rollouts are supported with one process only "
+                        "in esreason (untested with more)")
 
 
 def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchPlan,
@@ -153,7 +177,11 @@ def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchP
 
 
 def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, progress: bool = True) -> GRPOResult:
-    """Train with GRPO according to ``cfg`` into run directory ``output``."""
+    """Train with GRPO according to ``cfg`` into run directory ``output``.
+
+    Runs as one process, or as one of P processes under ``accelerate launch`` (module
+    :mod:`esreason.grpo.distributed`): the batch plan is global, only the main process writes.
+    """
     from esreason import tasks, verifiers
     from esreason.backends.hf import load_model
     from esreason.backends.sampling import Sampler
@@ -166,45 +194,71 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
 
     check_trl_version()
     _check_device(cfg)
+    procs = Processes.from_env()
+    _check_processes(cfg, procs)
     out = Path(output)
     run_dir = RunDir(out)
-    point = _prepare_run_dir(out, cfg, resume)
+    point = _check_run_dir(out, cfg, resume)
 
     # Task data first: a bad dataset fails before the model is loaded.
     task = tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
-    plan = plan_batches(cfg, len(problems))
+    plan = plan_batches(cfg, len(problems), procs.num_processes)
     scorer = verifiers.get(task.verifier, format_reward=cfg.grpo.format_reward)
-    # The starting model (and KL reference); on resume TRL loads the checkpoint's weights into it.
-    model, tokenizer = load_model(cfg.model, cfg.dtype, cfg.device)
     trl_kwargs = build_trl_args(cfg, plan, out / cb.TRL_DIR)
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume or not (out / CONFIG_FILE).exists():
-        _write_header(out, cfg, len(problems), plan, trl_kwargs)
+    # Under a launcher this sets up the process group (TrainingArguments -> accelerate.PartialState).
+    grpo_args = make_grpo_config(trl_kwargs)
+    if grpo_args.world_size != procs.num_processes or grpo_args.generation_batch_size != plan.sequences_per_update:
+        raise RuntimeError(f"TRL sees {grpo_args.world_size} processes and a generation batch of "
+                           f"{grpo_args.generation_batch_size}; the plan has {procs.num_processes} and "
+                           f"{plan.sequences_per_update}")
+    # The starting model (and KL reference); on resume TRL loads the checkpoint's weights into it.
+    # With a launcher each process loads on the CPU and transformers/accelerate place it (DDP: the
+    # process's own GPU; FSDP: shards), so `device: cuda` never means cuda:0 for every process.
+    model, tokenizer = load_model(cfg.model, cfg.dtype, "cpu" if procs.distributed else cfg.device)
+    barrier()  # every process has checked the run directory before the main process writes to it
+    if procs.is_main:
+        if resume:
+            _clean_run_dir(out, point)
+        out.mkdir(parents=True, exist_ok=True)
+        if not resume or not (out / CONFIG_FILE).exists():
+            _write_header(out, cfg, len(problems), plan, trl_kwargs)
+    barrier()
+    trainer: PaperGRPOTrainer | None = None
 
-    def save(update: int, grpo_state: dict[str, Any]) -> Path:
+    def save(update: int, grpo_state: dict[str, Any], wrapped_model: Any) -> Path:
+        assert trainer is not None
         final = run_dir.checkpoint_path(update)
-        with atomic_directory(final) as tmp:
-            cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state)
-        if cfg.checkpoint.keep_last is not None:
-            run_dir.prune_checkpoints(cfg.checkpoint.keep_last)
+        wrapped = wrapped_model if wrapped_model is not None else trainer.model_wrapped
+        state_dict = full_state_dict(trainer.accelerator, wrapped)  # collective: every process
+        if procs.is_main:
+            with atomic_directory(final) as tmp:
+                cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state, state_dict=state_dict)
+            if cfg.checkpoint.keep_last is not None:
+                run_dir.prune_checkpoints(cfg.checkpoint.keep_last)
+        barrier()  # no process runs ahead of a checkpoint being written
         return final
 
     start = point.step if point else 0
     truncate_after = (start if point else -1) if resume else None
-    with MetricsLogger(out, truncate_after=truncate_after) as logger:
-        bar = progress_bar(total=plan.total_updates, desc="GRPO", disable=None if progress else True,
-                           initial=start)
+    with (MetricsLogger(out, truncate_after=truncate_after) if procs.is_main else nullcontext()) as logger:
+        bar = progress_bar(total=plan.total_updates, desc="GRPO",
+                           disable=None if progress and procs.is_main else True, initial=start)
         # make_heldout reads only task/data/eval/generation/train.seed, which GRPORunConfig shares with
-        # RunConfig: the held-out evaluation is the ES code path, on the policy TRL is training.
-        sampler = Sampler(model, tokenizer, batch_size=cfg.generation.batch_size)
-        heldout_fn = make_heldout(cfg, sampler, tokenizer)  # type: ignore[arg-type]
+        # RunConfig: the held-out evaluation is the ES code path, on the policy TRL is training. With
+        # several (unsharded) processes the main process evaluates its replica; the others go on and
+        # wait for it at the next collective.
+        heldout_fn = None
+        if procs.is_main:
+            sampler = Sampler(model, tokenizer, batch_size=cfg.generation.batch_size, device=grpo_args.device)
+            heldout_fn = make_heldout(cfg, sampler, tokenizer)  # type: ignore[arg-type]
         heldout = cb.HeldoutCallback(heldout_fn, cfg.eval.every, plan, model, logger) if heldout_fn else None
         checkpoints = cb.CheckpointCallback(plan, save, cfg.train.seed)
         # Order matters within an event: the checkpoint is written before the metrics timer restarts.
-        callbacks = [c for c in (heldout, checkpoints, cb.MetricsCallback(plan, logger, heldout, bar)) if c]
+        metrics = cb.MetricsCallback(plan, logger, heldout, bar) if logger is not None else None
+        callbacks = [c for c in (heldout, checkpoints, metrics) if c]
         trainer = PaperGRPOTrainer(
-            model=model, reward_funcs=TaskReward(problems, tokenizer, scorer), args=make_grpo_config(trl_kwargs),
+            model=model, reward_funcs=TaskReward(problems, tokenizer, scorer), args=grpo_args,
             train_dataset=_build_dataset(problems), processing_class=tokenizer, callbacks=callbacks,
             standardize_advantages=cfg.grpo.standardize_advantages)
         _remove_console_callbacks(trainer)
@@ -244,8 +298,9 @@ def _cmd_train_grpo(args: argparse.Namespace) -> int:
     cfg = load_grpo_config(args.config, args.set or [])
     output = Path(args.output) if args.output else _default_output(args.config)
     result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress)
-    print(f"GRPO run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
-    print(f"run directory: {output}")
+    if Processes.from_env().is_main:  # one summary, not one per process
+        print(f"GRPO run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
+        print(f"run directory: {output}")
     return 0
 
 

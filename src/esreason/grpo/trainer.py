@@ -12,7 +12,7 @@ a linearly decaying learning rate, no weight decay).
    from the rewards TRL gathered: population std (ddof 0) as the paper defines s_G, and
    exactly 0 for all-equal groups (TRL divides by the ddof-1 std + 1e-4). TRL's
    ``reward_std`` / ``frac_reward_zero_std`` metrics are left as TRL computes them; our
-   ``reward/std`` is the population std.
+   ``reward/std`` is the population std of the whole rollout batch (gathered over processes).
 2. **Data order** is a pure function of (train.seed, epoch) (:class:`EpochSeededRepeatSampler`);
    TRL's sampler advances one generator across epochs, so a run resumed in epoch e > 0 would
    replay epoch 0's order.
@@ -110,6 +110,8 @@ class PaperGRPOTrainer(GRPOTrainer):
         weights = self.reward_weights.to(rewards_per_func.device)
         rewards = (rewards_per_func * weights.unsqueeze(0)).sum(dim=1)  # [N_global]
         advantages = group_advantages(rewards, group, standardize=self.standardize_advantages)  # [N_global] f64
+        # Population std of the whole rollout batch; a reward function sees only its process's share.
+        self._metrics[mode]["reward/std"].append(float(rewards.double().std(unbiased=False)))
         n_local = output["advantages"].size(0)
         start = self.accelerator.process_index * n_local
         local = advantages[start:start + n_local]
@@ -150,6 +152,8 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
         "seed": cfg.train.seed,
         "data_seed": None,
         "dataloader_num_workers": 0,
+        # several processes (plan.py): every parameter gets a gradient, so DDP need not search for unused ones
+        "ddp_find_unused_parameters": False,
         "remove_unused_columns": False,
         # the paper's objective
         "loss_type": "grpo",

@@ -1,0 +1,107 @@
+"""GRPO on more than one process: who am I, how is the model sharded, and who writes.
+
+``esreason train grpo`` runs as one process, or as P processes started by a launcher::
+
+    accelerate launch --config_file configs/accelerate/ddp-8gpu.yaml -m esreason.cli train grpo --config FILE
+    accelerate launch --config_file configs/accelerate/fsdp-7b.yaml  -m esreason.cli train grpo --config FILE
+
+(``accelerate launch`` starts the processes through ``torch.distributed.run`` and describes the
+setup in environment variables, TRL's supported path; ``torchrun`` works the same way for
+plain data parallel.) The launcher decides P and the sharding; the run config does not
+change with it (:mod:`esreason.grpo.plan`: B x G stays the global batch).
+
+Writers: only the main process (rank 0) writes esreason's files (config.yaml, manifest.json,
+metrics.jsonl, tensorboard/, checkpoints/step_N). transformers writes TRL's resume state under
+RUN/trl: the model, optimizer, scheduler and trainer state from the main process (FSDP with
+FULL_STATE_DICT: gathered there) and one ``rng_state_<rank>.pth`` per process, which a
+resumed run needs to restore every process's sampling stream.
+
+Sharded runs (FSDP, DeepSpeed) gather the full weights for an HF checkpoint: every process
+takes part in :func:`full_state_dict` (a collective), the main process writes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+Sharding = Literal["none", "fsdp", "deepspeed"]
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "false").strip().lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Processes:
+    """The process group this run belongs to, as the launcher describes it in the environment."""
+
+    num_processes: int = 1
+    """P: WORLD_SIZE (set by accelerate launch / torchrun; 1 without a launcher)."""
+    process_index: int = 0
+    """This process's rank: RANK (0 without a launcher)."""
+    sharding: Sharding = "none"
+    """How the launcher shards the model: ACCELERATE_USE_FSDP / ACCELERATE_USE_DEEPSPEED (none =
+    a full replica per process, data parallel)."""
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the only process that writes esreason's files."""
+        return self.process_index == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Processes":
+        """Read WORLD_SIZE, RANK, ACCELERATE_USE_FSDP and ACCELERATE_USE_DEEPSPEED."""
+        from esreason.errors import UserError
+
+        env = os.environ if env is None else env
+        try:
+            world = int(env.get("WORLD_SIZE", "1"))
+            rank = int(env.get("RANK", "0"))
+        except ValueError:
+            raise UserError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r} / RANK={env.get('RANK')!r} "
+                            "are not integers (set by the launcher)") from None
+        if world < 1 or not 0 <= rank < world:
+            raise UserError(f"inconsistent launcher environment: WORLD_SIZE={world}, RANK={rank}")
+        sharding: Sharding = "none"
+        if _flag(env, "ACCELERATE_USE_FSDP"):
+            sharding = "fsdp"
+        elif _flag(env, "ACCELERATE_USE_DEEPSPEED"):
+            sharding = "deepspeed"
+        return cls(num_processes=world, process_index=rank, sharding=sharding)
+
+
+def barrier() -> None:
+    """Wait for every process (no-op without an initialised process group)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def full_state_dict(accelerator: Any, model: Any) -> dict[str, Any]:
+    """The complete (unsharded) state dict of ``model``; every process must call it.
+
+    An FSDP2 module (``fully_shard``): torch's ``get_model_state_dict`` with
+    ``full_state_dict=True, cpu_offload=True`` (what ``accelerate.Accelerator.get_state_dict``
+    does for FSDP2): the shards are all-gathered, rank 0 gets every tensor on the CPU, the
+    other ranks an empty dict. Anything else goes through ``accelerator.get_state_dict``, which
+    unwraps DDP, gathers a FULL_STATE_DICT for FSDP1 (rank 0 only) and consolidates DeepSpeed
+    ZeRO-3's 16-bit weights. Only the main process's result is a complete checkpoint.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+    return accelerator.get_state_dict(model)
+
+
+__all__ = ["Processes", "Sharding", "barrier", "full_state_dict"]
