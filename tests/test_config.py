@@ -85,3 +85,51 @@ def test_paper_configs_carry_the_paper_settings():
     assert (easy.train.epochs, easy.generation.temperature, easy.generation.max_new_tokens) == (2, 0.0, 2048)
     assert (hard.train.epochs, hard.generation.temperature, hard.generation.max_new_tokens) == (1, 0.6, 8192)
     assert easy.task == "gsm8k" and hard.task == "deepscaler"
+
+
+def test_es_and_grpo_configs_share_the_run_level_base():
+    import dataclasses
+
+    from esreason.config import RunBase
+    from esreason.grpo.config import GRPORunConfig
+
+    base = [(f.name, f.type, f.default) for f in dataclasses.fields(RunBase)]
+    assert [b[0] for b in base] == ["model", "task", "data_path", "data_dir", "dtype", "device"]
+    for cls in (RunConfig, GRPORunConfig):
+        assert issubclass(cls, RunBase)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        assert [(f.name, f.type, f.default) for f in dataclasses.fields(cls)][:len(base)] == base
+        # the sections both configs have use ES's section types (GRPO's extend them)
+        assert fields["train"].type == "TrainConfig" and fields["eval"].type == "EvalConfig"
+    from esreason.config import CheckpointConfig, GenerationConfig
+    from esreason.grpo.config import GRPOCheckpointConfig, GRPOGenerationConfig
+
+    assert issubclass(GRPOGenerationConfig, GenerationConfig) and issubclass(GRPOCheckpointConfig, CheckpointConfig)
+    # the top-level key order (config.yaml, the "known keys" error) keeps the method's section first
+    with pytest.raises(ConfigError, match="known keys under top level: model, task, data_path, data_dir, dtype, "
+                                          "device, es, train, generation, checkpoint, eval, backend, coverage"):
+        load_config(None, ["bogus=1"])
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("train.max_steps=0", "config key 'train.max_steps': must be >= 1 (got 0)"),
+    ("checkpoint.keep_last=0", "config key 'checkpoint.keep_last': must be >= 1 (got 0)"),
+    ("eval.ks=1,64", "config key 'eval.ks': each K must be in [1, eval.samples=8] (got [1, 64])"),
+    ("generation.top_p=0", "config key 'generation.top_p': must be in (0, 1] (got 0.0)"),
+    ("model=''", "config key 'model': must not be empty"),
+])
+def test_shared_validator_gives_es_and_grpo_the_same_error_naming_the_dotted_key(override, needle):
+    from types import SimpleNamespace
+
+    from esreason.config import EvalConfig, validate_run
+    from esreason.grpo.config import load_grpo_config
+
+    for loader in (load_config, load_grpo_config):
+        with pytest.raises(ConfigError) as err:
+            loader(None, [override])
+        assert str(err.value) == needle
+    # validate_run on its own (any object with the run-level keys)
+    cfg = SimpleNamespace(model="demo", train=RunConfig().train, generation=RunConfig().generation,
+                          checkpoint=RunConfig().checkpoint, eval=EvalConfig(samples=2, ks=(1, 4)))
+    with pytest.raises(ConfigError, match=r"^config key 'eval\.ks': each K must be in \[1, eval\.samples=2\]"):
+        validate_run(cfg)

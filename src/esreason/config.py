@@ -181,11 +181,21 @@ class CoverageConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """A complete ES run."""
+class RunBase:
+    """The run-level keys of every run config: :class:`RunConfig` (ES) and
+    :class:`esreason.grpo.config.GRPORunConfig` (GRPO) extend it, so both read the same top-level
+    YAML keys with the same types and defaults, and :func:`validate_run` checks what they share.
+
+    The sections follow in each subclass: the method's own section first (``es:`` / ``grpo:``),
+    then ``train``, ``generation``, ``checkpoint``, ``eval`` (the same section types, GRPO's
+    generation and checkpoint sections extend ES's). They are declared per subclass because a
+    dataclass puts inherited fields first: declaring ``train`` and ``eval`` here would move them
+    ahead of ``es:`` / ``grpo:`` in config.yaml and in the "known keys" error message.
+    """
 
     model: str = "demo"
-    """'demo' (the embedded default), a local Hugging Face model directory, or a hub id."""
+    """'demo' (the embedded default), a local Hugging Face model directory, or a hub id. For
+    GRPO it is also the KL reference model."""
     task: str = "demo-add"
     """Training task (registry name, see `esreason.tasks`)."""
     data_path: str | None = None
@@ -193,9 +203,17 @@ class RunConfig:
     data_dir: str | None = None
     """Directory with one sub-directory per task (<data_dir>/<task>/<split>.jsonl) for evaluation tasks."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Working dtype of the model weights."""
+    """Dtype the weights are loaded in and updated in (ES perturbs them in place; GRPO optimises
+    them: float32 = fp32 master weights)."""
     device: str = "cpu"
-    """Torch device ('cpu', 'cuda', 'cuda:1')."""
+    """Torch device. ES: 'cpu', 'cuda', 'cuda:N'. GRPO: 'cpu' or 'cuda' (one GPU, picked with
+    CUDA_VISIBLE_DEVICES, or each process's own GPU under accelerate launch)."""
+
+
+@dataclass(frozen=True)
+class RunConfig(RunBase):
+    """A complete ES run: the run-level keys of :class:`RunBase` plus the ES sections."""
+
     es: ESConfig = field(default_factory=ESConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -211,58 +229,68 @@ class RunConfig:
 # --------------------------------------------------------------------------- validation
 
 
-def _require(cond: bool, key: str, msg: str) -> None:
+def require(cond: bool, key: str, msg: str) -> None:
+    """Raise :class:`ConfigError` ``config key '<key>': <msg>`` unless ``cond`` (``key`` dotted)."""
     if not cond:
         raise ConfigError(f"config key '{key}': {msg}")
 
 
+
+def validate_run(cfg: Any) -> None:
+    """Checks every run config shares (ES and GRPO): ``model`` and the ``train``, ``generation``,
+    ``checkpoint`` and ``eval`` sections. Method-specific rules (``device``, the sampling
+    temperature, ``train.seed`` for GRPO) stay with each config's own ``validate``."""
+    tr, gen, ck, ev = cfg.train, cfg.generation, cfg.checkpoint, cfg.eval
+    require(bool(cfg.model), "model", "must not be empty")
+    require(tr.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {tr.batch_size})")
+    require(tr.epochs >= 1, "train.epochs", f"must be >= 1 (got {tr.epochs})")
+    require(tr.max_steps is None or tr.max_steps >= 1, "train.max_steps", f"must be >= 1 (got {tr.max_steps})")
+    require(tr.limit is None or tr.limit >= 1, "train.limit", f"must be >= 1 (got {tr.limit})")
+    require(0 < gen.top_p <= 1, "generation.top_p", f"must be in (0, 1] (got {gen.top_p})")
+    require(gen.max_new_tokens >= 1, "generation.max_new_tokens", f"must be >= 1 (got {gen.max_new_tokens})")
+    require(gen.batch_size >= 1, "generation.batch_size", f"must be >= 1 (got {gen.batch_size})")
+    require(ck.every >= 0, "checkpoint.every", f"must be >= 0 (got {ck.every})")
+    require(ck.keep_last is None or ck.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1 (got {ck.keep_last})")
+    require(ev.every >= 0, "eval.every", f"must be >= 0 (got {ev.every})")
+    require(ev.samples >= 1, "eval.samples", f"must be >= 1 (got {ev.samples})")
+    require(ev.temperature >= 0, "eval.temperature", f"must be >= 0 (got {ev.temperature})")
+    require(len(ev.ks) > 0 and all(1 <= k <= ev.samples for k in ev.ks), "eval.ks",
+            f"each K must be in [1, eval.samples={ev.samples}] (got {list(ev.ks)})")
+    require(ev.limit is None or ev.limit >= 1, "eval.limit", f"must be >= 1 (got {ev.limit})")
+
+
 def validate(cfg: RunConfig) -> None:
     """Range checks that types alone cannot express. Errors name the dotted key."""
-    es, tr, gen, ck, ev = cfg.es, cfg.train, cfg.generation, cfg.checkpoint, cfg.eval
-    _require(es.population_size >= 2, "es.population_size", f"must be >= 2 (got {es.population_size})")
+    es, gen = cfg.es, cfg.generation
+    require(es.population_size >= 2, "es.population_size", f"must be >= 2 (got {es.population_size})")
     if es.estimator == "two_point":
-        _require(es.population_size % 2 == 0, "es.population_size",
-                 f"must be even with es.estimator=two_point (got {es.population_size})")
-    _require(es.sigma > 0, "es.sigma", f"must be > 0 (got {es.sigma})")
-    _require(es.alpha >= 0, "es.alpha", f"must be >= 0 (got {es.alpha})")
-    _require(es.direction_cache_mb >= 0, "es.direction_cache_mb", f"must be >= 0 (got {es.direction_cache_mb})")
-    _require(es.zscore_eps >= 0, "es.zscore_eps", f"must be >= 0 (got {es.zscore_eps})")
-    _require(0 <= es.format_reward <= 1, "es.format_reward", f"must be in [0, 1] (got {es.format_reward})")
-    _require(tr.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {tr.batch_size})")
-    _require(tr.epochs >= 1, "train.epochs", f"must be >= 1 (got {tr.epochs})")
-    _require(tr.max_steps is None or tr.max_steps >= 1, "train.max_steps", f"must be >= 1 (got {tr.max_steps})")
-    _require(tr.limit is None or tr.limit >= 1, "train.limit", f"must be >= 1 (got {tr.limit})")
-    _require(gen.temperature >= 0, "generation.temperature", f"must be >= 0 (got {gen.temperature})")
-    _require(0 < gen.top_p <= 1, "generation.top_p", f"must be in (0, 1] (got {gen.top_p})")
-    _require(gen.max_new_tokens >= 1, "generation.max_new_tokens", f"must be >= 1 (got {gen.max_new_tokens})")
-    _require(gen.batch_size >= 1, "generation.batch_size", f"must be >= 1 (got {gen.batch_size})")
-    _require(ck.every >= 0, "checkpoint.every", f"must be >= 0 (got {ck.every})")
-    _require(ck.keep_last is None or ck.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1 (got {ck.keep_last})")
-    _require(ev.every >= 0, "eval.every", f"must be >= 0 (got {ev.every})")
-    _require(ev.samples >= 1, "eval.samples", f"must be >= 1 (got {ev.samples})")
-    _require(ev.temperature >= 0, "eval.temperature", f"must be >= 0 (got {ev.temperature})")
-    _require(len(ev.ks) > 0 and all(1 <= k <= ev.samples for k in ev.ks), "eval.ks",
-             f"each K must be in [1, eval.samples={ev.samples}] (got {list(ev.ks)})")
-    _require(ev.limit is None or ev.limit >= 1, "eval.limit", f"must be >= 1 (got {ev.limit})")
-    _require(es.rank >= 1, "es.rank", f"must be >= 1 (got {es.rank})")
+        require(es.population_size % 2 == 0, "es.population_size",
+                f"must be even with es.estimator=two_point (got {es.population_size})")
+    require(es.sigma > 0, "es.sigma", f"must be > 0 (got {es.sigma})")
+    require(es.alpha >= 0, "es.alpha", f"must be >= 0 (got {es.alpha})")
+    require(es.direction_cache_mb >= 0, "es.direction_cache_mb", f"must be >= 0 (got {es.direction_cache_mb})")
+    require(es.zscore_eps >= 0, "es.zscore_eps", f"must be >= 0 (got {es.zscore_eps})")
+    require(0 <= es.format_reward <= 1, "es.format_reward", f"must be in [0, 1] (got {es.format_reward})")
+    validate_run(cfg)
+    require(gen.temperature >= 0, "generation.temperature", f"must be >= 0 (got {gen.temperature})")
+    require(es.rank >= 1, "es.rank", f"must be >= 1 (got {es.rank})")
     be, cov = cfg.backend, cfg.coverage
-    _require(be.engines >= 1, "backend.engines", f"must be >= 1 (got {be.engines})")
-    _require(be.engines == 1 or be.type == "ray", "backend.engines",
-             f"more than one engine needs backend.type=ray (got type {be.type!r}, engines {be.engines})")
-    _require(be.ray_address is None or be.type == "ray", "backend.ray_address",
-             f"only used with backend.type=ray (got type {be.type!r})")
-    _require(be.population_batch >= 0, "backend.population_batch", f"must be >= 0 (got {be.population_batch})")
-    _require(be.check_every >= 0, "backend.check_every", f"must be >= 0 (got {be.check_every})")
-    _require(cov.every >= 0, "coverage.every", f"must be >= 0 (got {cov.every})")
-    _require(cov.prompts >= 1, "coverage.prompts", f"must be >= 1 (got {cov.prompts})")
-    _require(cov.samples >= 1, "coverage.samples", f"must be >= 1 (got {cov.samples})")
-    _require(cov.temperature > 0, "coverage.temperature", f"must be > 0 (got {cov.temperature})")
-    _require(cov.every == 0 or es.restore == "exact", "coverage.every",
-             "the coverage pass perturbs members again and needs es.restore=exact (a bit-exact centre); "
-             f"got es.restore={es.restore!r}")
-    _require(bool(cfg.model), "model", "must not be empty")
-    _require(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device",
-             f"must be 'cpu' or 'cuda[:N]' (got {cfg.device!r})")
+    require(be.engines >= 1, "backend.engines", f"must be >= 1 (got {be.engines})")
+    require(be.engines == 1 or be.type == "ray", "backend.engines",
+            f"more than one engine needs backend.type=ray (got type {be.type!r}, engines {be.engines})")
+    require(be.ray_address is None or be.type == "ray", "backend.ray_address",
+            f"only used with backend.type=ray (got type {be.type!r})")
+    require(be.population_batch >= 0, "backend.population_batch", f"must be >= 0 (got {be.population_batch})")
+    require(be.check_every >= 0, "backend.check_every", f"must be >= 0 (got {be.check_every})")
+    require(cov.every >= 0, "coverage.every", f"must be >= 0 (got {cov.every})")
+    require(cov.prompts >= 1, "coverage.prompts", f"must be >= 1 (got {cov.prompts})")
+    require(cov.samples >= 1, "coverage.samples", f"must be >= 1 (got {cov.samples})")
+    require(cov.temperature > 0, "coverage.temperature", f"must be > 0 (got {cov.temperature})")
+    require(cov.every == 0 or es.restore == "exact", "coverage.every",
+            "the coverage pass perturbs members again and needs es.restore=exact (a bit-exact centre); "
+            f"got es.restore={es.restore!r}")
+    require(cfg.device == "cpu" or cfg.device.startswith("cuda"), "device",
+            f"must be 'cpu' or 'cuda[:N]' (got {cfg.device!r})")
 
 
 # --------------------------------------------------------------------------- building from dicts

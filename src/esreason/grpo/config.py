@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
 
-from esreason.config import (CheckpointConfig, ConfigError, EvalConfig, GenerationConfig, TrainConfig,
-                             load_config)
+from esreason.config import (CheckpointConfig, EvalConfig, GenerationConfig, RunBase, TrainConfig, load_config,
+                             require, validate_run)
 
 
 @dataclass(frozen=True)
@@ -97,22 +97,11 @@ class GRPOCheckpointConfig(CheckpointConfig):
 
 
 @dataclass(frozen=True)
-class GRPORunConfig:
-    """A complete GRPO run. Top-level keys and train/eval sections mean what they mean for ES."""
+class GRPORunConfig(RunBase):
+    """A complete GRPO run: the run-level keys of :class:`esreason.config.RunBase` (model, task,
+    data_path, data_dir, dtype, device; ``model`` is also the KL reference model) plus the GRPO
+    sections. The train and eval sections mean what they mean for ES."""
 
-    model: str = "demo"
-    """'demo' (the embedded default), a local Hugging Face model directory, or a hub id. It is
-    also the KL reference model."""
-    task: str = "demo-add"
-    """Training task (registry name, see `esreason.tasks`)."""
-    data_path: str | None = None
-    """Local JSONL/Parquet file or directory for the training task (None = default source)."""
-    data_dir: str | None = None
-    """Directory with one sub-directory per task (<data_dir>/<task>/<split>.jsonl) for evaluation tasks."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype the weights are loaded and optimised in (float32 = fp32 master weights)."""
-    device: str = "cpu"
-    """'cpu' or 'cuda' (one GPU; select it with CUDA_VISIBLE_DEVICES)."""
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
     train: TrainConfig = field(default_factory=TrainConfig)
     generation: GRPOGenerationConfig = field(default_factory=GRPOGenerationConfig)
@@ -123,66 +112,46 @@ class GRPORunConfig:
         validate(self)
 
 
-def _require(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"config key '{key}': {msg}")
-
-
 def _validate_grpo(cfg: GRPORunConfig) -> None:
     g, b = cfg.grpo, cfg.train.batch_size
-    _require(g.num_generations >= 2, "grpo.num_generations",
-             f"must be >= 2: the group advantage needs two responses (got {g.num_generations})")
-    _require(g.learning_rate >= 0, "grpo.learning_rate", f"must be >= 0 (got {g.learning_rate})")
-    _require(g.beta >= 0, "grpo.beta", f"must be >= 0 (got {g.beta})")
-    _require(0 < g.epsilon < 1, "grpo.epsilon", f"must be in (0, 1) (got {g.epsilon})")
-    _require(g.epsilon_high is None or g.epsilon_high > 0, "grpo.epsilon_high",
-             f"must be > 0 or null (got {g.epsilon_high})")
-    _require(0 <= g.format_reward <= 1, "grpo.format_reward", f"must be in [0, 1] (got {g.format_reward})")
+    require(g.num_generations >= 2, "grpo.num_generations",
+            f"must be >= 2: the group advantage needs two responses (got {g.num_generations})")
+    require(g.learning_rate >= 0, "grpo.learning_rate", f"must be >= 0 (got {g.learning_rate})")
+    require(g.beta >= 0, "grpo.beta", f"must be >= 0 (got {g.beta})")
+    require(0 < g.epsilon < 1, "grpo.epsilon", f"must be in (0, 1) (got {g.epsilon})")
+    require(g.epsilon_high is None or g.epsilon_high > 0, "grpo.epsilon_high",
+            f"must be > 0 or null (got {g.epsilon_high})")
+    require(0 <= g.format_reward <= 1, "grpo.format_reward", f"must be in [0, 1] (got {g.format_reward})")
     if g.mini_batch_size is not None:
-        _require(g.mini_batch_size >= 1 and b % g.mini_batch_size == 0, "grpo.mini_batch_size",
-                 f"must divide train.batch_size={b} (got {g.mini_batch_size})")
+        require(g.mini_batch_size >= 1 and b % g.mini_batch_size == 0, "grpo.mini_batch_size",
+                f"must divide train.batch_size={b} (got {g.mini_batch_size})")
     mini = g.mini_batch_size or b
-    _require(g.micro_batch_size >= 1 and (mini * g.num_generations) % g.micro_batch_size == 0,
-             "grpo.micro_batch_size",
-             f"must divide the {mini * g.num_generations} sequences of one optimizer step "
-             f"(mini-batch {mini} prompts x {g.num_generations} responses; got {g.micro_batch_size})")
-    _require(g.weight_decay >= 0, "grpo.weight_decay", f"must be >= 0 (got {g.weight_decay})")
-    _require(0 <= g.adam_beta1 < 1, "grpo.adam_beta1", f"must be in [0, 1) (got {g.adam_beta1})")
-    _require(0 <= g.adam_beta2 < 1, "grpo.adam_beta2", f"must be in [0, 1) (got {g.adam_beta2})")
-    _require(g.adam_epsilon > 0, "grpo.adam_epsilon", f"must be > 0 (got {g.adam_epsilon})")
-    _require(g.max_grad_norm >= 0, "grpo.max_grad_norm", f"must be >= 0 (got {g.max_grad_norm})")
-    _require(g.warmup_updates >= 0, "grpo.warmup_updates", f"must be >= 0 (got {g.warmup_updates})")
+    require(g.micro_batch_size >= 1 and (mini * g.num_generations) % g.micro_batch_size == 0,
+            "grpo.micro_batch_size",
+            f"must divide the {mini * g.num_generations} sequences of one optimizer step "
+            f"(mini-batch {mini} prompts x {g.num_generations} responses; got {g.micro_batch_size})")
+    require(g.weight_decay >= 0, "grpo.weight_decay", f"must be >= 0 (got {g.weight_decay})")
+    require(0 <= g.adam_beta1 < 1, "grpo.adam_beta1", f"must be in [0, 1) (got {g.adam_beta1})")
+    require(0 <= g.adam_beta2 < 1, "grpo.adam_beta2", f"must be in [0, 1) (got {g.adam_beta2})")
+    require(g.adam_epsilon > 0, "grpo.adam_epsilon", f"must be > 0 (got {g.adam_epsilon})")
+    require(g.max_grad_norm >= 0, "grpo.max_grad_norm", f"must be >= 0 (got {g.max_grad_norm})")
+    require(g.warmup_updates >= 0, "grpo.warmup_updates", f"must be >= 0 (got {g.warmup_updates})")
     on_gpu = cfg.device.startswith("cuda")
-    _require(not g.bf16 or on_gpu, "grpo.bf16", "bf16 autocast needs device 'cuda' (keep it false on CPU)")
-    _require(not g.use_vllm or on_gpu, "grpo.use_vllm", "vLLM rollouts need device 'cuda'")
+    require(not g.bf16 or on_gpu, "grpo.bf16", "bf16 autocast needs device 'cuda' (keep it false on CPU)")
+    require(not g.use_vllm or on_gpu, "grpo.use_vllm", "vLLM rollouts need device 'cuda'")
 
 
 def validate(cfg: GRPORunConfig) -> None:
     """Range checks that types alone cannot express. Errors name the dotted key."""
-    tr, gen, ck, ev = cfg.train, cfg.generation, cfg.checkpoint, cfg.eval
-    _require(bool(cfg.model), "model", "must not be empty")
-    _require(cfg.device in ("cpu", "cuda", "cuda:0"), "device",
-             f"must be 'cpu' or 'cuda' (got {cfg.device!r}); pick a GPU with CUDA_VISIBLE_DEVICES")
-    _require(tr.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {tr.batch_size})")
-    _require(tr.epochs >= 1, "train.epochs", f"must be >= 1 (got {tr.epochs})")
-    _require(tr.max_steps is None or tr.max_steps >= 1, "train.max_steps", f"must be >= 1 (got {tr.max_steps})")
-    _require(tr.limit is None or tr.limit >= 1, "train.limit", f"must be >= 1 (got {tr.limit})")
-    _require(tr.seed >= 0, "train.seed", f"must be >= 0 (got {tr.seed})")
-    _require(gen.temperature > 0, "generation.temperature",
-             f"must be > 0: GRPO samples its groups (got {gen.temperature})")
-    _require(0 < gen.top_p <= 1, "generation.top_p", f"must be in (0, 1] (got {gen.top_p})")
-    _require(gen.max_new_tokens >= 1, "generation.max_new_tokens", f"must be >= 1 (got {gen.max_new_tokens})")
-    _require(gen.batch_size >= 1, "generation.batch_size", f"must be >= 1 (got {gen.batch_size})")
-    _require(ck.every >= 0, "checkpoint.every", f"must be >= 0 (got {ck.every})")
-    _require(ck.keep_last is None or ck.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1 (got {ck.keep_last})")
-    _require(ck.keep_trainer_states >= 1, "checkpoint.keep_trainer_states",
-             f"must be >= 1 (got {ck.keep_trainer_states})")
-    _require(ev.every >= 0, "eval.every", f"must be >= 0 (got {ev.every})")
-    _require(ev.samples >= 1, "eval.samples", f"must be >= 1 (got {ev.samples})")
-    _require(ev.temperature >= 0, "eval.temperature", f"must be >= 0 (got {ev.temperature})")
-    _require(len(ev.ks) > 0 and all(1 <= k <= ev.samples for k in ev.ks), "eval.ks",
-             f"each K must be in [1, eval.samples={ev.samples}] (got {list(ev.ks)})")
-    _require(ev.limit is None or ev.limit >= 1, "eval.limit", f"must be >= 1 (got {ev.limit})")
+    validate_run(cfg)  # model, train, generation, checkpoint, eval: the checks ES makes too
+    require(cfg.device in ("cpu", "cuda", "cuda:0"), "device",
+            f"must be 'cpu' or 'cuda' (got {cfg.device!r}); pick a GPU with CUDA_VISIBLE_DEVICES")
+    require(cfg.train.seed >= 0, "train.seed", f"must be >= 0 (got {cfg.train.seed})")
+    require(cfg.generation.temperature > 0, "generation.temperature",
+            f"must be > 0: GRPO samples its groups (got {cfg.generation.temperature})")
+    ck = cfg.checkpoint
+    require(ck.keep_trainer_states >= 1, "checkpoint.keep_trainer_states",
+            f"must be >= 1 (got {ck.keep_trainer_states})")
     _validate_grpo(cfg)
 
 
