@@ -134,8 +134,17 @@ def test_two_processes_log_the_same_rows_and_keys(runs):
         assert (a["optimizer_steps"], a["epoch"]) == (b["optimizer_steps"], b["epoch"])
     assert r1[1]["kl"] == r2[1]["kl"] == 0.0  # the first update samples from the reference itself
     # update 0: the starting model, evaluated with the seeded sampler, before any process trains
-    held = {k: v for k, v in r1[0].items() if k.startswith("heldout/") and "/time/" not in k}
-    assert held and held == {k: v for k, v in r2[0].items() if k.startswith("heldout/") and "/time/" not in k}
+    # Counts and rates are equal exactly; token entropy is a float reduction whose summation order
+    # follows the batch shapes of the process that evaluates, so it agrees to float32 rounding
+    # (CI measured a relative difference of 7e-8).
+    held1 = {k: v for k, v in r1[0].items() if k.startswith("heldout/") and "/time/" not in k}
+    held2 = {k: v for k, v in r2[0].items() if k.startswith("heldout/") and "/time/" not in k}
+    assert held1 and set(held1) == set(held2)
+    for key, value in held1.items():
+        if key.endswith("entropy"):
+            assert held2[key] == pytest.approx(value, rel=1e-6), key
+        else:
+            assert held2[key] == value, key
 
 
 def test_two_process_checkpoint_loads_as_a_plain_hf_model(runs):

