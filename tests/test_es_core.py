@@ -219,7 +219,7 @@ def test_direction_cache_gives_bit_identical_updates():
             cp.perturb(s, 0.01)
             cp.restore()
         cp.apply_update(seeds, weights, 0.1)
-        assert cp._cache == {} and cp._cache_used == 0          # emptied by the update
+        assert len(cp.cache) == 0 and cp.cache.used_bytes == 0  # emptied by the update
         results.append(state(m))
     assert_bitwise_equal(results[0], results[1])
     assert_bitwise_equal(results[0], results[2])

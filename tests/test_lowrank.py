@@ -18,6 +18,7 @@ import torch
 
 from esreason.config import load_config
 from esreason.errors import UserError
+from esreason.es.cache import FACTORS
 from esreason.es.lowrank import Perturbation, lowrank_direction, lowrank_factors, lowrank_update_delta
 from esreason.es.noise import direction, tensor_seed
 from esreason.es.params import CentredParameters, unique_named_parameters
@@ -207,10 +208,10 @@ def test_direction_cache_gives_bit_identical_lowrank_updates():
             cp.perturb(s, 0.01)
             cp.restore()
         if cache_bytes == 1 << 30:   # the cache holds packed factors [m + n, r], not [m, n] directions
-            assert cp._cache[(3, "emb.weight")].shape == (12, 2)
-            assert cp._cache[(3, "lin.bias")].shape == (3,)
+            assert cp.cache.entries[(3, "emb.weight", FACTORS)].shape == (12, 2)
+            assert cp.cache.entries[(3, "lin.bias", 0)].shape == (3,)    # dense block 0
         cp.apply_update(seeds, weights, 0.1)
-        assert cp._cache == {} and cp._cache_used == 0
+        assert len(cp.cache) == 0 and cp.cache.used_bytes == 0
         results.append(state(m))
     assert_bitwise_equal(results[0], results[1])
     assert_bitwise_equal(results[0], results[2])

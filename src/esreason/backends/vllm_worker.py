@@ -16,8 +16,10 @@ and export writes an ordinary HF checkpoint (fused tensors split back).
 Centre copy: exact restore copies back a saved copy of the centre (fp32 masters when the
 model runs in bf16/fp16, as in HFPolicy). On a GPU it stays on the GPU when the free
 memory outside vLLM's reservation holds it (plus a margin), else in pinned host memory
-(restore is then a host-to-device copy). Directions are drawn on the CPU
-(:mod:`esreason.es.noise`, device-independent) and copied to the device.
+(restore is then a host-to-device copy, one noise block at a time). Directions are drawn
+on the GPU by its own generator and every operation runs there, block by block
+(:mod:`esreason.es.apply`, the same functions HFPolicy uses): no parameter-sized host
+tensor and no host-to-device copy of a direction.
 
 vLLM on CPU pre-packs linear weights for oneDNN / AMX kernels and drops the plain
 tensor; in-place updates would not reach the packed copy. On CPU, :meth:`es_setup`
@@ -39,8 +41,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from esreason.backends.engine import tensors_checksum
-from esreason.es.noise import direction
-from esreason.es.update import update_delta
+from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
 
 log = logging.getLogger(__name__)
 
@@ -200,14 +201,13 @@ class ESWorkerExtension:
 
     @torch.no_grad()
     def es_perturb(self, seed: int, sigma: float) -> None:
-        """theta <- centre + sigma * eps(seed), computed in fp32 and rounded once."""
+        """theta <- centre + sigma * eps(seed), computed in fp32 on the device and rounded once."""
         if self._es_active is not None:
             raise RuntimeError("es_perturb called twice without es_restore")
         for slot in self._es_slots:
-            view = self._es_view(slot)
-            eps = direction(seed, slot.hf_name, slot.shape, device=view.device)  # fp32
-            base = self._es_centre[slot.hf_name] if self._es_centre is not None else view
-            view.copy_(torch.add(base.to(view.device, torch.float32), eps, alpha=sigma))
+            # without masters the live view is the centre (bit-exact), so it is its own base
+            master = self._es_centre[slot.hf_name] if self._es_master else None
+            perturb_tensor(self._es_view(slot), slot.hf_name, int(seed), float(sigma), master=master)
         self._es_active = (int(seed), float(sigma))
 
     @torch.no_grad()
@@ -219,32 +219,23 @@ class ESWorkerExtension:
         for slot in self._es_slots:
             view = self._es_view(slot)
             if self._es_restore == "exact":
-                view.copy_(self._es_centre[slot.hf_name], non_blocking=False)
+                copy_tensor(view, self._es_centre[slot.hf_name])
             else:
-                eps = direction(seed, slot.hf_name, slot.shape, device=view.device)
-                view.copy_(torch.add(view.to(torch.float32), eps, alpha=-sigma))
+                subtract_tensor(view, slot.hf_name, seed, sigma)
         self._es_active = None
 
     @torch.no_grad()
     def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
-        """centre += alpha/N sum_i w_i eps(seeds_i) (fp32 accumulation); returns ||delta applied||_2."""
+        """centre += alpha/N sum_i w_i eps(seeds_i) (fp32 on the device); returns ||delta applied||_2."""
         if self._es_active is not None:
             raise RuntimeError("es_update while a member is applied")
         sq = 0.0
         for slot in self._es_slots:
-            view = self._es_view(slot)
-            delta = update_delta(slot.hf_name, torch.Size(slot.shape), seeds, weights, alpha).to(view.device)
-            old = view.to(torch.float32, copy=True)
-            if self._es_master:
-                centre = self._es_centre[slot.hf_name]
-                new_master = centre.to(view.device) + delta
-                centre.copy_(new_master)
-                view.copy_(new_master)
-            else:
-                view.copy_(old + delta)
-                if self._es_centre is not None:
-                    self._es_centre[slot.hf_name].copy_(view)
-            sq += float(torch.sum((view.to(torch.float32) - old) ** 2))
+            centre = None if self._es_centre is None else self._es_centre[slot.hf_name]
+            part = update_tensor(self._es_view(slot), slot.hf_name, seeds, weights, alpha,
+                                 master=centre if self._es_master else None,
+                                 centre=None if self._es_master else centre)
+            sq += float(part)
         return sq ** 0.5
 
     def es_checksum(self) -> str:

@@ -11,12 +11,13 @@ so every element of E_i has mean 0 and variance 1, like the dense direction of
 Tensors that are not matrices (norm gains, biases, scalars, and any tensor with
 ndim != 2) keep the dense Gaussian direction of :func:`esreason.es.noise.direction`.
 
-Determinism (same contract as the dense directions, DESIGN §3): the factors of
-(seed, tensor name) are one float32 CPU draw ``F = randn(m + n, r_W)`` from a
-generator seeded with ``tensor_seed(seed, name)``; ``A = F[:m]`` and
-``B = F[m:]``. They are reconstructed from the seed whenever needed and never
-stored beyond one update's optional in-memory cache (which holds the packed
-``F`` [m + n, r_W], far smaller than E).
+Determinism (same contract as the dense directions, :mod:`esreason.es.noise`): the factors
+of (seed, tensor name) are one float32 draw ``F = randn(m + n, r_W)`` on the weights'
+device from its own generator seeded with ``tensor_seed(seed, name)``; ``A = F[:m]`` and
+``B = F[m:]``. They are reconstructed from the seed whenever needed and never stored
+beyond one update's optional in-memory cache (which holds the packed ``F`` [m + n, r_W],
+far smaller than E). Perturb and update work on row chunks of at most
+``BLOCK_ELEMENTS`` elements of E, so no [m, n] fp32 temporary of a large matrix exists.
 
 Per-tensor rank clamp (our choice): ``es.rank`` larger than a matrix's smaller
 dimension is clamped to ``min(m, n)`` for that matrix (a rank-r product of an
@@ -38,20 +39,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from esreason.errors import UserError
-from esreason.es.noise import direction, tensor_seed
+from esreason.es.cache import FACTORS, DirectionCache
+from esreason.es.noise import BLOCK_ELEMENTS, device_generator, direction, tensor_seed
 
 #: Allowed values of ``es.perturbation``.
 PERTURBATIONS = ("full", "lowrank")
-
-#: Packed factors (or dense directions for non-matrix tensors) of one update, keyed
-#: by (seed, tensor name). A pure speed-up; see :class:`esreason.es.params.CentredParameters`.
-FactorCache = Mapping[tuple[int, str], torch.Tensor]
-
 
 def tensor_rank(shape: torch.Size | tuple[int, ...], rank: int) -> int:
     """r_W = min(rank, m, n) for a matrix shape [m, n] (the per-tensor clamp)."""
@@ -61,21 +58,32 @@ def tensor_rank(shape: torch.Size | tuple[int, ...], rank: int) -> int:
 
 def lowrank_factors(seed: int, name: str, shape: torch.Size | tuple[int, ...], rank: int, *,
                     device: torch.device | str = "cpu") -> torch.Tensor:
-    """Packed factors F = [A; B] of (seed, name): float32 [m + n, r_W], drawn on the CPU.
+    """Packed factors F = [A; B] of (seed, name): float32 [m + n, r_W], drawn on ``device``.
 
-    ``A = F[:m]`` [m, r_W] and ``B = F[m:]`` [n, r_W]; i.i.d. N(0, 1). Drawn on the CPU
-    for device independence (see :mod:`esreason.es.noise`), then moved to ``device``.
+    ``A = F[:m]`` [m, r_W] and ``B = F[m:]`` [n, r_W]; i.i.d. N(0, 1), from the device's own
+    generator (see :mod:`esreason.es.noise` for what is bit-identical where).
     """
     if len(shape) != 2:
         raise ValueError(f"low-rank factors need a 2-D shape, got {tuple(shape)} for {name}")
     m, n = int(shape[0]), int(shape[1])
     r = tensor_rank(shape, rank)
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(tensor_seed(seed, name))
-    packed = torch.randn((m + n, r), generator=gen, dtype=torch.float32)  # [m+n, r_W] fp32
-    if packed.device != torch.device(device):
-        packed = packed.to(device)
-    return packed
+    gen = device_generator(device, tensor_seed(seed, name))
+    return torch.randn((m + n, r), generator=gen, dtype=torch.float32, device=device)  # [m+n, r_W] fp32
+
+
+def cached_factors(seed: int, name: str, shape: torch.Size | tuple[int, ...], rank: int,
+                   device: torch.device | str, cache: DirectionCache | None = None) -> torch.Tensor:
+    """:func:`lowrank_factors`, from this update's cache when it holds them."""
+    if cache is None:
+        return lowrank_factors(seed, name, shape, rank, device=device)
+    return cache.get((int(seed), name, FACTORS), lambda: lowrank_factors(seed, name, shape, rank, device=device))
+
+
+def row_chunks(m: int, n: int) -> Iterator[tuple[int, int]]:
+    """Row ranges [r0, r1) of an [m, n] matrix with at most BLOCK_ELEMENTS elements each (>= 1 row)."""
+    step = max(1, BLOCK_ELEMENTS // max(1, n))
+    for r0 in range(0, m, step):
+        yield r0, min(m, r0 + step)
 
 
 def lowrank_direction(seed: int, name: str, shape: torch.Size | tuple[int, ...], rank: int, *,
@@ -92,34 +100,11 @@ def lowrank_direction(seed: int, name: str, shape: torch.Size | tuple[int, ...],
     return e if dtype == torch.float32 else e.to(dtype)
 
 
-def add_scaled(base: torch.Tensor, packed: torch.Tensor, scale: float) -> torch.Tensor:
-    """base + scale * A B^T / sqrt(r_W) as a new float32 tensor (one fused ``addmm``).
-
-    base: [m, n] fp32; packed: [m + n, r_W] fp32 on base's device.
-    """
-    m = base.shape[0]
-    r = packed.shape[1]
-    return torch.addmm(base, packed[:m], packed[m:].t(), alpha=scale / math.sqrt(r))  # [m, n] fp32
-
-
-def add_scaled_(target: torch.Tensor, packed: torch.Tensor, scale: float) -> torch.Tensor:
-    """In place: target += scale * A B^T / sqrt(r_W) (fp32 ``target``; no [m, n] temporary)."""
-    m = target.shape[0]
-    r = packed.shape[1]
-    return target.addmm_(packed[:m], packed[m:].t(), alpha=scale / math.sqrt(r))
-
-
-def lowrank_update_delta(name: str, shape: torch.Size | tuple[int, ...], seeds: Sequence[int],
-                         weights: Sequence[float], alpha: float, rank: int,
-                         cache: FactorCache | None = None, *,
-                         device: torch.device | str = "cpu") -> torch.Tensor:
-    """alpha / N * sum_i w_i A_i B_i^T / sqrt(r_W) for one matrix: float32 [m, n] on ``device``.
-
-    N = len(seeds). Members with weight exactly 0 are skipped (as in the dense
-    update). The sum is one GEMM of the stacked, weight-scaled factors, accumulated
-    in float32 by the BLAS of ``device``; it equals the member-by-member sum up to
-    float32 rounding (summation order differs), not bit for bit.
-    """
+def stacked_factors(name: str, shape: torch.Size | tuple[int, ...], seeds: Sequence[int],
+                    weights: Sequence[float], rank: int, cache: DirectionCache | None = None, *,
+                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """([w_1 A_1 | ... | w_K A_K] / sqrt(r_W) [m, K r_W], [B_1 | ... | B_K] [n, K r_W]) over the
+    members with a non-zero weight (K of them), fp32 on ``device``; None when K = 0."""
     if len(seeds) != len(weights):
         raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
     m, n = int(shape[0]), int(shape[1])
@@ -129,16 +114,31 @@ def lowrank_update_delta(name: str, shape: torch.Size | tuple[int, ...], seeds: 
     for seed, w in zip(seeds, weights):
         if w == 0.0:
             continue
-        packed = cache.get((int(seed), name)) if cache is not None else None
-        if packed is None:
-            packed = lowrank_factors(seed, name, (m, n), rank, device=device)
-        packed = packed.to(device)  # [m+n, r] fp32
+        packed = cached_factors(seed, name, (m, n), rank, device, cache)  # [m+n, r] fp32
         lefts.append(packed[:m] * (float(w) / math.sqrt(r)))  # [m, r]: w_i A_i / sqrt(r)
         rights.append(packed[m:])  # [n, r]: B_i
     if not lefts:
+        return None
+    return torch.cat(lefts, dim=1), torch.cat(rights, dim=1)  # [m, K r], [n, K r] fp32
+
+
+def lowrank_update_delta(name: str, shape: torch.Size | tuple[int, ...], seeds: Sequence[int],
+                         weights: Sequence[float], alpha: float, rank: int,
+                         cache: DirectionCache | None = None, *,
+                         device: torch.device | str = "cpu") -> torch.Tensor:
+    """alpha / N * sum_i w_i A_i B_i^T / sqrt(r_W) for one matrix: float32 [m, n] on ``device``.
+
+    N = len(seeds). Members with weight exactly 0 are skipped (as in the dense
+    update). The sum is one GEMM of the stacked, weight-scaled factors, accumulated
+    in float32 by the BLAS of ``device``; it equals the member-by-member sum up to
+    float32 rounding (summation order differs), not bit for bit. Materialised: for tests;
+    training applies it by row chunks (:func:`esreason.es.apply.update_tensor`).
+    """
+    m, n = int(shape[0]), int(shape[1])
+    stacked = stacked_factors(name, shape, seeds, weights, rank, cache, device=device)
+    if stacked is None:
         return torch.zeros((m, n), dtype=torch.float32, device=device)
-    left = torch.cat(lefts, dim=1)  # [m, K r] fp32
-    right = torch.cat(rights, dim=1)  # [n, K r] fp32
+    left, right = stacked
     return torch.mm(left, right.t()).mul_(alpha / len(seeds))  # [m, n] fp32
 
 

@@ -25,17 +25,19 @@ Perturbed weights are always computed in fp32 and rounded once to the model
 dtype: theta_i = round(centre_fp32 + sigma * eps).
 
 Direction cache: with ``cache_bytes > 0`` the directions drawn while perturbing are
-kept (in memory, for the current update only, up to that budget) so that
-``apply_update`` does not draw them a second time. Directions are still defined by
-their seeds; the cache holds exactly the tensors ``direction()`` returns, is never
-written anywhere, and is emptied by every update. It removes half of the noise cost
-of an update (benchmarks/es_step.py on the embedded default, N=16, B=32: the
-perturb + restore + update share of a step went from 4.0% to 2.4%).
+kept (on the weights' device, for the current update only, up to that budget) so that
+``apply_update`` does not draw them a second time (:mod:`esreason.es.cache`).
+
+Device: every operation runs on the device of the weights (:mod:`esreason.es.apply`):
+directions are drawn there, the update is accumulated there in fp32, one noise block
+at a time; nothing parameter-sized is created on the host, and the extra memory of an
+operation is a few 16 MiB blocks. The centre copy and the masters live on the weights'
+device too.
 
 Low-rank directions (``perturbation="lowrank"``, :mod:`esreason.es.lowrank`): every
 2-D tensor W is perturbed by E = A B^T / sqrt(r_W) instead of a dense eps, as one
-fused fp32 ``addmm`` (theta_i = round(centre_fp32 + sigma * A B^T / sqrt(r_W))); the
-cache then holds the packed factors [m + n, r_W]; the update is one GEMM per matrix.
+fused fp32 ``addmm`` per row chunk (theta_i = round(centre_fp32 + sigma * A B^T / sqrt(r_W)));
+the cache then holds the packed factors [m + n, r_W]; the update is one GEMM per row chunk.
 Exact restore, masters and ``subtract`` work unchanged. With ``perturbation="full"``
 (the default) every code path and result is the one described above, bit for bit.
 """
@@ -48,9 +50,9 @@ from typing import Iterable, Sequence
 
 import torch
 
-from esreason.es.lowrank import Perturbation, add_scaled, add_scaled_, lowrank_factors, lowrank_update_delta
-from esreason.es.noise import direction
-from esreason.es.update import update_delta
+from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
+from esreason.es.cache import DirectionCache
+from esreason.es.lowrank import Perturbation
 
 
 def unique_named_parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -81,9 +83,7 @@ class CentredParameters:
         self.master = master
         self.timings: dict[str, float] = defaultdict(float)
         self._active: tuple[int, float] | None = None  # (seed, sigma) currently applied
-        self.cache_bytes = int(cache_bytes)
-        self._cache: dict[tuple[int, str], torch.Tensor] = {}  # this update's directions
-        self._cache_used = 0
+        self.cache = DirectionCache(int(cache_bytes))  # this update's directions
         self._snapshot()
 
     # ------------------------------------------------------------------ state
@@ -131,52 +131,10 @@ class CentredParameters:
             raise RuntimeError("perturb() called twice without restore()")
         t0 = time.perf_counter()
         for name, p in self.params:
-            if self._ranks[name] is not None:
-                self._perturb_lowrank(seed, sigma, name, p)
-                continue
-            eps = self._direction(seed, name, p)  # [*p.shape] fp32
-            if self._master is not None:
-                p.copy_(torch.add(self._master[name], eps, alpha=sigma))  # fp32 sum, one rounding
-            elif p.dtype == torch.float32:
-                p.add_(eps, alpha=sigma)  # same arithmetic as torch.add, without a temporary
-            else:
-                p.copy_(torch.add(p.detach().to(torch.float32), eps, alpha=sigma))
-        self._active = (seed, sigma)
+            master = None if self._master is None else self._master[name]
+            perturb_tensor(p, name, int(seed), sigma, rank=self._ranks[name], master=master, cache=self.cache)
+        self._active = (int(seed), sigma)
         self.timings["perturb"] += time.perf_counter() - t0
-
-    def _perturb_lowrank(self, seed: int, sigma: float, name: str, p: torch.Tensor) -> None:
-        """p <- round(centre_fp32 + sigma * A B^T / sqrt(r_W)) for one matrix."""
-        packed = self._factors(seed, name, p)  # [m+n, r_W] fp32
-        if self._master is not None:
-            p.copy_(add_scaled(self._master[name], packed, sigma))  # fp32 sum, one rounding
-        elif p.dtype == torch.float32:
-            add_scaled_(p, packed, sigma)  # in place, no [m, n] temporary
-        else:
-            p.copy_(add_scaled(p.detach().to(torch.float32), packed, sigma))
-
-    def _factors(self, seed: int, name: str, p: torch.Tensor) -> torch.Tensor:
-        """Packed factors [A; B] of (seed, name) on p's device, from this update's cache when present."""
-        key = (int(seed), name)
-        packed = self._cache.get(key)
-        if packed is None:
-            packed = lowrank_factors(seed, name, p.shape, self.perturbation.rank, device=p.device)
-            size = packed.numel() * packed.element_size()
-            if self._cache_used + size <= self.cache_bytes:
-                self._cache[key] = packed
-                self._cache_used += size
-        return packed
-
-    def _direction(self, seed: int, name: str, p: torch.Tensor) -> torch.Tensor:
-        """eps(seed, name) on p's device, from this update's cache when present."""
-        key = (int(seed), name)
-        eps = self._cache.get(key)
-        if eps is None:
-            eps = direction(seed, name, p.shape, device=p.device)
-            size = eps.numel() * eps.element_size()
-            if self._cache_used + size <= self.cache_bytes:
-                self._cache[key] = eps
-                self._cache_used += size
-        return eps
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -187,15 +145,11 @@ class CentredParameters:
         if self.restore_mode == "exact":
             source = self._centre if self._centre is not None else self._master  # masters: round(master)
             for name, p in self.params:
-                p.copy_(source[name])
+                copy_tensor(p, source[name])
         else:
             seed, sigma = self._active
             for name, p in self.params:
-                if self._ranks[name] is not None:  # the paper artifact's inverse, low-rank noise
-                    p.copy_(add_scaled(p.detach().to(torch.float32), self._factors(seed, name, p), -sigma))
-                    continue
-                eps = self._direction(seed, name, p)
-                p.copy_(torch.add(p.to(torch.float32), eps, alpha=-sigma))
+                subtract_tensor(p, name, seed, sigma, rank=self._ranks[name], cache=self.cache)
         self._active = None
         self.timings["restore"] += time.perf_counter() - t0
 
@@ -203,33 +157,27 @@ class CentredParameters:
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
         """centre <- centre + alpha/N * sum_i w_i eps(seeds_i); returns ||theta_new - theta_old||_2.
 
-        The delta is accumulated in fp32; without master weights the new centre is
-        round(theta_old_fp32 + delta) in the model dtype. The returned norm is that of
-        the change actually applied (after rounding), over unique tensors.
+        The delta is accumulated in fp32 on the weights' device; without master weights the
+        new centre is round(theta_old_fp32 + delta) in the model dtype. The returned norm is
+        that of the change actually applied (after rounding), over unique tensors (NaN for
+        weights on the ``meta`` device, which hold no values).
         """
         if self._active is not None:
             raise RuntimeError("apply_update() while a member is applied; restore() first")
+        if len(seeds) != len(weights):
+            raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
         t0 = time.perf_counter()
-        sq = 0.0
+        sq: torch.Tensor | None = None  # float64 scalar per device, summed in tensor order
         for name, p in self.params:
-            if self._ranks[name] is not None:  # one GEMM of the stacked factors, on p's device
-                delta = lowrank_update_delta(name, p.shape, seeds, weights, alpha, self.perturbation.rank,
-                                             self._cache, device=p.device)  # [m, n] fp32
-            else:
-                delta = update_delta(name, p.shape, seeds, weights, alpha, self._cache).to(p.device)  # fp32
-            old = p.detach().to(torch.float32, copy=True)  # fp32 copy of theta_old
-            if self._master is not None:
-                self._master[name].add_(delta)
-                p.copy_(self._master[name])
-            else:
-                p.copy_(old + delta)
-            sq += float(torch.sum((p.detach().to(torch.float32) - old) ** 2))
-            if self._centre is not None:
-                self._centre[name].copy_(p.detach())
-        self._cache.clear()
-        self._cache_used = 0
+            part = update_tensor(p, name, seeds, weights, alpha, rank=self._ranks[name],
+                                 master=None if self._master is None else self._master[name],
+                                 centre=None if self._centre is None else self._centre[name], cache=self.cache)
+            sq = part if sq is None else sq + part.to(sq.device)
+        self.cache.clear()
         self.timings["update"] += time.perf_counter() - t0
-        return sq ** 0.5
+        if sq is None or sq.device.type == "meta":
+            return float("nan") if sq is not None else 0.0
+        return float(sq) ** 0.5
 
     def pop_timings(self) -> dict[str, float]:
         out = dict(self.timings)

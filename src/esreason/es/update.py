@@ -2,46 +2,67 @@
 
     theta_{t+1} = theta_t + alpha / N * sum_{i=1}^{N} w_i * eps_i
 
-with w_i = z_i (one-point) or z_i * sign_i (two-point members), accumulated in
-float32 per tensor. The 1/sigma factor of the raw estimator is absorbed into
-alpha, as in the paper. Directions are regenerated from their seeds here, not
-kept from the evaluation phase.
+with w_i = z_i (one-point) or z_i * sign_i (two-point members), accumulated in float32
+block by block (:data:`esreason.es.noise.BLOCK_ELEMENTS`) on the device that holds the
+weights. The 1/sigma factor of the raw estimator is absorbed into alpha, as in the paper.
+Directions are regenerated from their seeds here (or taken from this update's
+:class:`~esreason.es.cache.DirectionCache`), not kept from the evaluation phase.
+
+Applying the delta to a tensor is :func:`esreason.es.apply.update_tensor`; this module
+computes it.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 
-from esreason.es.noise import direction
-
-#: Directions already generated in this update, keyed by (seed, tensor name). Optional:
-#: a pure speed-up (the tensors are exactly what ``direction`` returns).
-DirectionCache = Mapping[tuple[int, str], torch.Tensor]
+from esreason.es.cache import DirectionCache
+from esreason.es.noise import block_spans, direction_block, numel_of
 
 
-def weighted_direction_sum(name: str, shape: torch.Size, seeds: Sequence[int],
-                           weights: Sequence[float], cache: DirectionCache | None = None) -> torch.Tensor:
-    """sum_i weights_i * eps(seeds_i, name) as a float32 CPU tensor of ``shape``.
+def block_direction(seed: int, name: str, block: int, size: int, device: torch.device | str,
+                    cache: DirectionCache | None = None) -> torch.Tensor:
+    """Block ``block`` of eps(seed, name) [size] fp32 on ``device``, from ``cache`` when it holds it."""
+    if cache is None:
+        return direction_block(seed, name, block, size, device=device)
+    return cache.get((int(seed), name, int(block)),
+                     lambda: direction_block(seed, name, block, size, device=device))
 
-    Members with weight exactly 0 contribute nothing and are skipped (an
-    all-equal population therefore costs no noise generation at all).
+
+def weighted_block_sum(name: str, block: int, size: int, seeds: Sequence[int], weights: Sequence[float], *,
+                       device: torch.device | str = "cpu", cache: DirectionCache | None = None) -> torch.Tensor:
+    """sum_i weights_i * eps(seeds_i, name)[block] as float32 [size] on ``device``.
+
+    Members with weight exactly 0 contribute nothing and are skipped (an all-equal
+    population therefore costs no noise generation at all).
     """
-    acc = torch.zeros(tuple(shape), dtype=torch.float32)  # [*shape] fp32 accumulator
+    acc = torch.zeros(size, dtype=torch.float32, device=device)  # [size] fp32 accumulator
     for seed, w in zip(seeds, weights):
         if w != 0.0:
-            eps = cache.get((seed, name)) if cache is not None else None
-            if eps is None:
-                eps = direction(seed, name, shape)
-            acc.add_(eps.to(acc.device), alpha=float(w))
+            acc.add_(block_direction(seed, name, block, size, device, cache), alpha=float(w))
     return acc
 
 
-def update_delta(name: str, shape: torch.Size, seeds: Sequence[int], weights: Sequence[float],
-                 alpha: float, cache: DirectionCache | None = None) -> torch.Tensor:
-    """alpha / N * sum_i w_i eps_i for one tensor (float32, CPU); N = len(seeds)."""
+def update_block(name: str, block: int, size: int, seeds: Sequence[int], weights: Sequence[float], alpha: float, *,
+                 device: torch.device | str = "cpu", cache: DirectionCache | None = None) -> torch.Tensor:
+    """alpha / N * sum_i w_i eps_i[block]: float32 [size] on ``device``; N = len(seeds)."""
     if len(seeds) != len(weights):
         raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
-    acc = weighted_direction_sum(name, shape, seeds, weights, cache)
-    return acc.mul_(alpha / len(seeds))
+    return weighted_block_sum(name, block, size, seeds, weights, device=device, cache=cache).mul_(alpha / len(seeds))
+
+
+def update_delta(name: str, shape: torch.Size | tuple[int, ...], seeds: Sequence[int], weights: Sequence[float],
+                 alpha: float, cache: DirectionCache | None = None, *,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """alpha / N * sum_i w_i eps_i for a whole tensor, materialised: float32 [*shape] on ``device``.
+
+    For tests and analyses; the training path applies the delta block by block
+    (:func:`esreason.es.apply.update_tensor`) and never holds it whole.
+    """
+    n = numel_of(shape)
+    out = torch.empty(n, dtype=torch.float32, device=device)  # [n] fp32
+    for b, start, stop in block_spans(n):
+        out[start:stop] = update_block(name, b, stop - start, seeds, weights, alpha, device=device, cache=cache)
+    return out.view(tuple(shape))

@@ -1,0 +1,165 @@
+"""The ES operations on one tensor, piece by piece, on the device that holds it.
+
+Shared by :class:`esreason.es.params.CentredParameters` (the transformers policy) and the
+vLLM worker extension (:mod:`esreason.backends.vllm_worker`), so both move a centre by
+the same arithmetic:
+
+- :func:`perturb_tensor`   p <- round(base_fp32 + sigma * E(seed))        (procedure step 3)
+- :func:`subtract_tensor`  p <- round(p_fp32 - sigma * E(seed))            (``restore: subtract``)
+- :func:`update_tensor`    centre += alpha / N * sum_i w_i E(seed_i)       (step 5)
+
+E is the dense direction eps (``rank=None``) or the low-rank A B^T / sqrt(r_W)
+(:mod:`esreason.es.lowrank`). A *piece* is one noise block of a dense direction
+(:data:`~esreason.es.noise.BLOCK_ELEMENTS` elements) or a chunk of rows of a low-rank
+matrix of at most that many elements. Everything happens on ``p.device``: directions are
+drawn there, the fp32 accumulator lives there, and the extra memory of any operation is a
+few pieces (<= 3 x 16 MiB), never a copy of the tensor. Elementwise operations do not
+depend on how a tensor is cut, so results equal the whole-tensor arithmetic bit for bit
+(the low-rank GEMMs of a cut matrix may round differently on some BLAS; matrices of at
+most BLOCK_ELEMENTS elements -- all of the embedded default's -- are never cut).
+
+Masters: ``master`` is an fp32 copy of the centre (on the device, or in pinned host memory
+for the vLLM worker when the device has no room; then each piece is copied to the device
+once per operation). Without masters the model-dtype tensor is its own centre base.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Sequence
+
+import torch
+
+from esreason.es.cache import DirectionCache
+from esreason.es.lowrank import cached_factors, row_chunks, stacked_factors
+from esreason.es.noise import block_spans
+from esreason.es.update import block_direction, update_block
+
+_F32 = torch.float32
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_contiguous():
+        raise ValueError(f"ES operations need contiguous tensors (got strides {t.stride()} for shape {tuple(t.shape)})")
+    return t.view(-1)
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t if t.device == device else t.to(device, non_blocking=False)
+
+
+def noise_pieces(p: torch.Tensor, name: str, seed: int, scale: float, rank: int | None,
+                 cache: DirectionCache | None = None) -> Iterator[tuple[int, int, torch.Tensor | None, tuple]]:
+    """(start, stop, eps piece or None, low-rank operands) over the flattened ``p``.
+
+    Dense: eps block [stop - start] fp32. Low-rank: (A rows [r, r_W], B [n, r_W], alpha) for
+    ``addmm``, with eps None.
+    """
+    if rank is None:
+        for b, start, stop in block_spans(p.numel()):
+            yield start, stop, block_direction(seed, name, b, stop - start, p.device, cache), ()
+        return
+    m, n = int(p.shape[0]), int(p.shape[1])
+    packed = cached_factors(seed, name, (m, n), rank, p.device, cache)  # [m+n, r_W] fp32
+    a, b = packed[:m], packed[m:]
+    alpha = scale / math.sqrt(packed.shape[1])
+    for r0, r1 in row_chunks(m, n):
+        yield r0 * n, r1 * n, None, (a[r0:r1], b.t(), alpha, n)
+
+
+def _plus_noise(base: torch.Tensor, eps: torch.Tensor | None, lowrank: tuple, scale: float) -> torch.Tensor:
+    """base + scale * E piece, as a new fp32 tensor (base: fp32 flat piece)."""
+    if eps is not None:
+        return torch.add(base, eps, alpha=scale)
+    a, bt, alpha, n = lowrank
+    return torch.addmm(base.view(-1, n), a, bt, alpha=alpha).view(-1)  # [rows*n] fp32
+
+
+@torch.no_grad()
+def perturb_tensor(p: torch.Tensor, name: str, seed: int, sigma: float, *, rank: int | None = None,
+                   master: torch.Tensor | None = None, cache: DirectionCache | None = None) -> None:
+    """p <- round(base_fp32 + sigma * E(seed, name)); base = ``master`` if given, else p itself."""
+    flat = _flat(p)
+    mflat = None if master is None else _flat(master)
+    for start, stop, eps, lowrank in noise_pieces(p, name, seed, sigma, rank, cache):
+        piece = flat[start:stop]
+        if mflat is not None:
+            piece.copy_(_plus_noise(_on(mflat[start:stop], p.device), eps, lowrank, sigma))  # one rounding
+        elif p.dtype == _F32 and eps is not None:
+            piece.add_(eps, alpha=sigma)  # same arithmetic as torch.add, without a temporary
+        elif p.dtype == _F32:
+            a, bt, alpha, n = lowrank
+            piece.view(-1, n).addmm_(a, bt, alpha=alpha)  # in place, no [rows, n] temporary
+        else:
+            piece.copy_(_plus_noise(piece.to(_F32), eps, lowrank, sigma))
+
+
+@torch.no_grad()
+def subtract_tensor(p: torch.Tensor, name: str, seed: int, sigma: float, *, rank: int | None = None,
+                    cache: DirectionCache | None = None) -> None:
+    """p <- round(p_fp32 - sigma * E(seed, name)): the paper artifact's inverse (not exact)."""
+    flat = _flat(p)
+    for start, stop, eps, lowrank in noise_pieces(p, name, seed, -sigma, rank, cache):
+        piece = flat[start:stop]
+        piece.copy_(_plus_noise(piece.to(_F32), eps, lowrank, -sigma))
+
+
+@torch.no_grad()
+def copy_tensor(p: torch.Tensor, source: torch.Tensor) -> None:
+    """p <- source (rounded to p's dtype), piece by piece so a host or fp32 source needs no full temporary."""
+    flat, sflat = _flat(p), _flat(source)
+    for _, start, stop in block_spans(p.numel()):
+        flat[start:stop].copy_(sflat[start:stop])
+
+
+def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                   rank: int | None, cache: DirectionCache | None) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(start, stop, delta piece fp32 [stop - start]) of alpha/N sum_i w_i E_i over the flattened ``p``."""
+    if rank is None:
+        for b, start, stop in block_spans(p.numel()):
+            yield start, stop, update_block(name, b, stop - start, seeds, weights, alpha, device=p.device, cache=cache)
+        return
+    m, n = int(p.shape[0]), int(p.shape[1])
+    stacked = stacked_factors(name, (m, n), seeds, weights, rank, cache, device=p.device)
+    for r0, r1 in row_chunks(m, n):
+        if stacked is None:
+            delta = torch.zeros((r1 - r0) * n, dtype=_F32, device=p.device)
+        else:
+            left, right = stacked  # [m, K r], [n, K r]
+            delta = torch.mm(left[r0:r1], right.t()).mul_(alpha / len(seeds)).view(-1)  # [rows*n] fp32
+        yield r0 * n, r1 * n, delta
+
+
+@torch.no_grad()
+def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float, *,
+                  rank: int | None = None, master: torch.Tensor | None = None, centre: torch.Tensor | None = None,
+                  cache: DirectionCache | None = None) -> torch.Tensor:
+    """centre += alpha / N * sum_i w_i E(seeds_i), in one pass over ``p``'s pieces.
+
+    With ``master`` (fp32) the master receives the delta and p = round(master); without,
+    p = round(p_fp32 + delta). ``centre`` (a model-dtype exact-restore copy) is refreshed.
+    Returns the float64 scalar sum of squared applied changes (after rounding) on p's
+    device: one host sync per update for the caller, not one per tensor.
+    """
+    flat = _flat(p)
+    mflat = None if master is None else _flat(master)
+    cflat = None if centre is None else _flat(centre)
+    sq = torch.zeros((), dtype=torch.float64, device=p.device)
+    for start, stop, delta in _update_pieces(p, name, seeds, weights, alpha, rank, cache):
+        piece = flat[start:stop]
+        old = piece.to(_F32, copy=True)  # [piece] fp32 copy of theta_old
+        if mflat is not None:
+            mpiece = mflat[start:stop]
+            if mpiece.device == p.device:
+                mpiece.add_(delta)
+                piece.copy_(mpiece)
+            else:  # master in host memory: one round trip per piece
+                new = mpiece.to(p.device) + delta
+                mpiece.copy_(new)
+                piece.copy_(new)
+        else:
+            piece.copy_(old + delta)
+        sq += torch.sum((piece.to(_F32) - old) ** 2).to(torch.float64)
+        if cflat is not None:
+            cflat[start:stop].copy_(piece)
+    return sq
