@@ -6,11 +6,11 @@ on the device (``collective_rpc("es_perturb")``), sampled with vLLM, and restore
 bit-exactly from a saved centre copy; updates are applied from ``(seeds, weights)``; the
 centre exports as an ordinary Hugging Face checkpoint.
 
-Directions come from a CPU ``torch.Generator`` per (seed, HF tensor name)
-(:mod:`esreason.es.noise`): CUDA ``randn`` differs between GPU models and from CPU, and a
-run must mean the same thing on every machine and match the HF backend. The price is
-drawing N(0, 1) on the host and copying it to the GPU for every member and update (see
-docs/scale.md, "vLLM backend", for measured rates).
+Directions are drawn on the GPU by its own generator, one 2**22-element block at a time,
+by the same functions the HF backend uses (:mod:`esreason.es.apply`): no host draw and no
+host-to-device copy per member. A seed therefore means the same direction on the same GPU
+model and torch version (the engines of a pool), not across GPU models or against a CPU run;
+the pool's checksums guard the engines' centres (docs/es.md, "Directions on the device").
 
 Prompts are passed as token ids encoded without special tokens: esreason renders prompts
 with the chat template (which already has BOS), exactly as the HF sampler tokenises them.

@@ -238,6 +238,19 @@ class ESWorkerExtension:
             sq += float(part)
         return sq ** 0.5
 
+    def es_device_memory(self) -> dict[str, int]:
+        """This worker's torch allocator counters in bytes (benchmarks: ES memory beyond vLLM's)."""
+        device = next(iter(self._es_params.values())).device
+        if device.type != "cuda":
+            return {"allocated": 0, "max_allocated": 0, "reserved": 0}
+        return {"allocated": torch.cuda.memory_allocated(device), "max_allocated": torch.cuda.max_memory_allocated(device),
+                "reserved": torch.cuda.memory_reserved(device)}
+
+    def es_reset_peak_memory(self) -> None:
+        device = next(iter(self._es_params.values())).device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
     def es_checksum(self) -> str:
         """Same digest as ``policy_checksum`` of an HFPolicy holding the same centre."""
         named = [(s.hf_name, self._es_view(s)) for s in self._es_slots]
