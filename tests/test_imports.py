@@ -34,7 +34,7 @@ MAX_LINES = 500
 
 # layer (module-name prefix)   ->  esreason imports it may make (module-name prefixes)
 LAYERS: dict[str, tuple[str, ...]] = {
-    # The ES core: noise, population, shaping, update, params, lowrank, schedule. Torch,
+    # The ES core: noise, cache, apply, population, shaping, update, params, lowrank, schedule. Torch,
     # numpy and the stdlib only; no backends, no loop, no I/O (docs: /work/shared/DESIGN.md §2).
     "esreason.es": ("esreason.es", "esreason.errors"),
 }
