@@ -21,6 +21,8 @@ a linearly decaying learning rate, no weight decay).
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from pathlib import Path
 from typing import Any
@@ -201,7 +203,7 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
         "use_cpu": on_cpu,
         "bf16": g.bf16,
         "fp16": False,
-        "activation_checkpointing": g.gradient_checkpointing,
+        checkpointing_field(): g.gradient_checkpointing,
         # logging and checkpoints: one log row per update; TRL states paired with our step_N
         "logging_strategy": "steps",
         "logging_steps": k,
@@ -217,6 +219,14 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
         "ignore_data_skip": False,
     }
 
+
+
+def checkpointing_field() -> str:
+    """TrainingArguments' name for activation recomputation: ``activation_checkpointing`` from
+    transformers 5.23 (``gradient_checkpointing`` is its deprecated alias there), only
+    ``gradient_checkpointing`` in 5.20 (inside vLLM 0.33's range; docs/scale.md, "Installing")."""
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 def make_grpo_config(kwargs: dict[str, Any]) -> GRPOConfig:
