@@ -173,3 +173,35 @@ def test_the_update_is_one_bounded_pass(small_blocks, perturbation):
                and not any(k in op for k in ("view", "slice", "t.default", "alias", "transpose"))]
     assert created and max(created) <= allowed
     assert all(not torch.equal(p.detach(), before[n]) for n, p in m.named_parameters())  # it did update
+
+
+# ---------------------------------------------------------------- where a seed means the same direction
+
+
+def test_generator_domain_names_device_and_torch():
+    from esreason.es.noise import generator_domain
+
+    assert generator_domain("cpu") == f"cpu:torch-{torch.__version__}"
+    assert generator_domain("meta") != generator_domain("cpu")
+
+
+def test_a_pool_refuses_engines_that_draw_different_directions():
+    from esreason.backends.engine import check_noise_domains
+    from esreason.errors import UserError
+
+    h100 = "cuda:NVIDIA H100 80GB HBM3:132SM:torch-2.14.0"
+    a100 = "cuda:NVIDIA A100-SXM4-80GB:108SM:torch-2.14.0"
+    check_noise_domains({0: h100, 1: h100}, h100)          # one GPU model, trainer on it: fine
+    check_noise_domains({0: h100, 1: h100}, None)          # no reference policy: fine
+    with pytest.raises(UserError, match="engine 1: cuda:NVIDIA A100"):
+        check_noise_domains({0: h100, 1: a100}, None)      # mixed GPU models
+    with pytest.raises(UserError, match="trainer: cpu:torch"):
+        check_noise_domains({0: h100, 1: h100}, f"cpu:torch-{torch.__version__}")  # trainer on CPU, engines on GPU
+
+
+def test_hf_engines_report_their_domain():
+    from esreason.backends.engine import policy_noise_domain
+    from esreason.es.noise import generator_domain
+
+    model, tok = load_model("demo")
+    assert policy_noise_domain(HFPolicy(model, tok)) == generator_domain("cpu")

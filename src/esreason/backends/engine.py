@@ -30,6 +30,7 @@ import torch
 import numpy as np
 
 from esreason.backends.base import Generation, PopulationResult, SamplingParams
+from esreason.errors import UserError
 
 #: A checkpoint as ``{relative file name: file bytes}``.
 StateFiles = dict[str, bytes]
@@ -59,6 +60,9 @@ class Engine(Protocol):
     def checksum(self) -> str:
         """Hex digest of the centre's bits (equal digests <=> identical centres)."""
 
+    def noise_domain(self) -> str:
+        """:func:`esreason.es.noise.generator_domain` of the device holding the weights."""
+
     def export_state(self) -> StateFiles:
         """The centre as checkpoint files."""
 
@@ -87,6 +91,24 @@ def policy_checksum(policy: Any) -> str:
     if masters is not None:
         named += [(f"master:{n}", t) for n, t in masters.items()]
     return tensors_checksum(named)
+
+
+def policy_noise_domain(policy: Any) -> str:
+    """Generator domain of an HFPolicy's weights (where its seeds mean the same directions)."""
+    from esreason.es.noise import generator_domain
+
+    return generator_domain(next(policy.model.parameters()).device)
+
+
+def check_noise_domains(domains: Mapping[int, str], reference: str | None) -> None:
+    """UserError unless every engine (rank -> domain) and the reference draw the same directions."""
+    found = sorted(set(domains.values()) | ({reference} if reference is not None else set()))
+    if len(found) > 1:
+        where = ", ".join(f"engine {r}: {d}" for r, d in sorted(domains.items()))
+        ref = f"; trainer: {reference}" if reference is not None else ""
+        raise UserError(f"the engines draw different directions from the same seeds ({where}{ref}); a pool needs "
+                        "one device type and GPU model, and the trainer's `device` must match the engines' "
+                        "(docs/es.md, \"Directions on the device\")")
 
 
 def policy_state(policy: Any) -> StateFiles:
@@ -171,6 +193,9 @@ class HFEngine:
 
     def checksum(self) -> str:
         return policy_checksum(self.policy)
+
+    def noise_domain(self) -> str:
+        return policy_noise_domain(self.policy)
 
     def export_state(self) -> StateFiles:
         return policy_state(self.policy)

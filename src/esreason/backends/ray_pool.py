@@ -40,7 +40,8 @@ from typing import Any, Callable, Sequence
 
 from esreason.backends.base import SamplingParams
 from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
-                                      StateFiles, policy_checksum, policy_state)
+                                      StateFiles, check_noise_domains, policy_checksum,
+                                      policy_noise_domain, policy_state)
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class EngineHost:
 
     def checksum(self) -> str:
         return self.engine.checksum()
+
+    def noise_domain(self) -> str:
+        return self.engine.noise_domain()
 
     def export_state(self) -> StateFiles:
         return self.engine.export_state()
@@ -240,6 +244,9 @@ class RayEnginePool:
             raise UserError(f"{count} {self.kind} engines did not start within {self.start_timeout_s:g} s") from None
         self.slots.extend(new)
         log.info("ray pool: %d %s engines on %s", count, self.kind, sorted(set(hosts)))
+        domains = dict(zip((s.rank for s in self.slots),
+                           self.ray.get([s.actor.noise_domain.remote() for s in self.slots])))
+        check_noise_domains(domains, None if self.reference is None else policy_noise_domain(self.reference))
         return new
 
     def _verify_identical(self) -> None:

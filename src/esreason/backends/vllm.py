@@ -139,6 +139,9 @@ class VLLMEngine:
     def checksum(self) -> str:
         return str(self._rpc("es_checksum"))
 
+    def noise_domain(self) -> str:
+        return str(self._rpc("es_noise_domain"))
+
     def export(self, directory: str | Path) -> Path:
         """Write the centre as a Hugging Face checkpoint (config and tokenizer from the start state)."""
         out = Path(directory)

@@ -42,6 +42,7 @@ import torch
 
 from esreason.backends.engine import tensors_checksum
 from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
+from esreason.es.noise import generator_domain
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +238,10 @@ class ESWorkerExtension:
                                  centre=None if self._es_master else centre)
             sq += float(part)
         return sq ** 0.5
+
+    def es_noise_domain(self) -> str:
+        """Where this worker's seeds mean the same directions (:func:`esreason.es.noise.generator_domain`)."""
+        return generator_domain(next(iter(self._es_params.values())).device)
 
     def es_device_memory(self) -> dict[str, int]:
         """This worker's torch allocator counters in bytes (benchmarks: ES memory beyond vLLM's)."""

@@ -70,6 +70,19 @@ def device_generator(device: torch.device | str, seed: int) -> torch.Generator |
     return gen
 
 
+def generator_domain(device: torch.device | str) -> str:
+    """Where a seed means the same direction: device type, GPU model and SM count, torch version.
+
+    Two places with equal domains draw bit-identical directions from the same seeds (the
+    contract in the module docstring); a Ray pool refuses engines whose domains differ.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"cuda:{props.name}:{props.multi_processor_count}SM:torch-{torch.__version__}"
+    return f"{device.type}:torch-{torch.__version__}"
+
+
 def numel_of(shape: torch.Size | tuple[int, ...]) -> int:
     return math.prod(int(d) for d in shape)
 
