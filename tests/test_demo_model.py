@@ -35,7 +35,7 @@ def test_chat_template_drops_system_and_ends_at_assistant_turn():
     assert tasks.render_prompt(tok, msgs) == "<s>Q:1+2\nA:"
 
 
-@pytest.mark.parametrize("family", ["demo-add", "demo-sub", "demo-countdown"])
+@pytest.mark.parametrize("family", ["demo-add", "demo-sub", "demo-countdown", "demo-sub3"])
 def test_synthetic_families_are_deterministic_disjoint_and_correct(family):
     test, train = demo_problems(family, "test"), demo_problems(family, "train")
     assert len(test) == 500 and len(train) == 20000
@@ -46,6 +46,16 @@ def test_synthetic_families_are_deterministic_disjoint_and_correct(family):
     for p in test[:200]:  # every reference solution verifies
         v = score(solution_text(p), p.gold)
         assert v.correct and v.reward == 1.0, (p.messages, solution_text(p), v)
+
+
+def test_demo_sub3_never_uses_a_demo_sub_question():
+    """demo-sub3 (held-out, not pretrained on) shares no question with demo-sub, which the
+    embedded default was pretrained on; it is the short end of the same skill."""
+    seen = {p.messages[-1]["content"] for split in ("train", "test") for p in demo_problems("demo-sub", split)}
+    for split in ("train", "test"):
+        problems = demo_problems("demo-sub3", split)
+        assert not {p.messages[-1]["content"] for p in problems} & seen
+        assert all(len(str(p.meta["a"])) == 3 and 2 <= len(str(p.meta["b"])) <= 3 for p in problems)
 
 
 def test_synthetic_task_rejects_a_data_path(tmp_path):

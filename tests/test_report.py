@@ -417,3 +417,57 @@ def test_roles_and_base_only(tmp_path: Path) -> None:
     md = (only / "report" / "report.md").read_text()
     assert "_Not available (needs a base method, a trained method and a K > 1)._" in md
     assert "## 7. Held-out change vs base\n\nPaper Table tab:rq2-heldout-change" in md
+
+
+# ---------------------------------------------------------------------- minimum detectable difference
+
+
+def test_mdd_formula() -> None:
+    from esreason.report.power import Z_SUM, mdd_from_sd
+
+    assert Z_SUM == pytest.approx(2.8016, abs=1e-4)  # z_0.975 + z_0.80
+    assert mdd_from_sd(0.5, 100) == pytest.approx(Z_SUM * 0.05)
+    assert mdd_from_sd(0.5, 100, paired=False) == pytest.approx(Z_SUM * 0.05 * np.sqrt(2))
+    assert mdd_from_sd(0.5, 1) is None and mdd_from_sd(float("nan"), 10) is None
+    # 4x the problems halves the MDD
+    assert mdd_from_sd(0.3, 400) == pytest.approx(mdd_from_sd(0.3, 100) / 2)
+
+
+def test_mdd_per_task_in_report(exp_dir: Path) -> None:
+    from esreason.report import build_report
+    from esreason.report.load import load_experiment
+    from esreason.report.power import Z_SUM, task_mdds
+
+    exp = load_experiment(exp_dir)
+    rows = {r.task: r for r in task_mdds(exp)}
+    assert list(rows) == TASKS
+    sd_base = float(np.std([0.05 * (1 if i % 2 == 0 else -1) for i in range(N)], ddof=1))
+    for t in TASKS:
+        r = rows[t]
+        assert r.n == N and r.base == pytest.approx(PASS["base"][t][0] / 100)
+        assert r.unpaired == pytest.approx(Z_SUM * np.sqrt(2) * sd_base / np.sqrt(N))
+        # every method's rows are base + a constant: the paired differences have no spread
+        assert set(r.paired) == {"grpo", "es", "es_grpo", "grpo_es"}
+        assert r.paired_max == pytest.approx(0.0, abs=1e-9)
+    # a method whose per-problem differences vary: the paired MDD is 2.80 * sd(d) / sqrt(n)
+    path = exp_dir / "eval" / "es" / "demo-add" / "problems.jsonl"
+    es_rows = [json.loads(x) for x in path.read_text().splitlines()]
+    bumps = [0.1 * (i % 3) for i in range(N)]
+    for row, b in zip(es_rows, bumps):
+        row["pass@1"] += b
+    path.write_text("".join(json.dumps(r) + "\n" for r in es_rows))
+    r = {x.task: x for x in task_mdds(load_experiment(exp_dir))}["demo-add"]
+    assert r.paired["es"] == pytest.approx(Z_SUM * float(np.std(bumps, ddof=1)) / np.sqrt(N))
+    assert r.paired_max == r.paired["es"]
+    result = build_report(exp_dir, figures=False)
+    data = json.loads(result.json_path.read_text())
+    assert [t["task"] for t in data["mdd"]["tasks"]] == TASKS and data["mdd"]["power"] == 0.8
+    # per-task Pass@1 change vs base with its paired interval (GRPO on demo-add: 70 - 50, no spread)
+    grpo_add = data["pass1_change_vs_base"]["grpo"]["demo-add"]
+    assert grpo_add["value"] == pytest.approx(0.20) and grpo_add["ci_low"] == pytest.approx(0.20)
+    assert set(data["pass1_change_vs_base"]) == {"grpo", "es", "es_grpo", "grpo_es"}
+    md = result.markdown.read_text()
+    assert "minimum detectable Pass@1 difference" in md and "demo-sub (held-out)" in md
+    assert "Pass@1 change vs Base on each task" in md and "+20.0 [+20.0, +20.0]" in md
+    pareto = result.finding("pareto_added")
+    assert pareto is not None and "{" not in pareto.evidence and "on the full front: " in pareto.evidence

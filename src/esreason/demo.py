@@ -3,7 +3,7 @@
 Runs the experiment shipped as ``esreason/assets/configs/experiment-demo.yaml`` (the same
 file as ``configs/experiments/demo.yaml``): Base, GRPO, ES, ES->GRPO and GRPO->ES, all
 FLOP-matched at T = 20 updates on ``demo-add``, each evaluated on ``demo-add`` and the
-held-out families ``demo-sub`` and ``demo-countdown`` (32 samples per problem, Pass@1/16/32,
+held-out families ``demo-sub`` and ``demo-sub3`` (32 samples per problem, Pass@1/16/32,
 Maj@K, entropy, bootstrap CIs); then writes the report (``OUTPUT/report/report.md`` with
 every table and figure) and prints a verdict per paper finding
 (:mod:`esreason.report.findings`, :mod:`esreason.report.verdicts`: "holds" only when the

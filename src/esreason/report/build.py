@@ -67,6 +67,10 @@ def _report_json(exp: Experiment, parts: Parts, files: dict[str, Path], notes: S
         "pareto": [p.as_dict() for p in parts.panels],
         "training": parts.curves.as_dict() if parts.curves else None,
         "findings": [f.as_dict() for f in parts.findings],
+        "mdd": {"metric": "pass@1", "alpha": 0.05, "power": 0.8, "method": "normal approximation, "
+                "(z_0.975 + z_0.8) * sd / sqrt(n); paired: sd of per-problem differences to base; unpaired: "
+                "sqrt(2) * sd of base per-problem values", "tasks": [r.as_dict() for r in parts.mdd]},
+        "pass1_change_vs_base": {m: {t: c.as_dict() for t, c in cells.items()} for m, cells in parts.changes.items()},
         "figures": {k: p.name for k, p in files.items() if p.suffix == ".png"},
         "conventions": {"values": "fractions in [0, 1] (the Markdown/LaTeX show x100)",
                         "marks": markdown.MARK_LEGEND,

@@ -8,13 +8,15 @@ figures) read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from esreason.report.curves import Curves, training_curves
 from esreason.report.findings import Finding, all_findings
 from esreason.report.load import Experiment
 from esreason.report.pareto import ParetoPanel, pareto_panels
+from esreason.report.cells import Cell
+from esreason.report.power import TaskMDD, task_changes, task_mdds
 from esreason.report.tables import BelowBase, Table, below_base, heldout_change_table, metric_table
 
 
@@ -30,6 +32,8 @@ class Parts:
     curves: Curves | None
     findings: list[Finding]
     notes: list[str]
+    mdd: list[TaskMDD] = field(default_factory=list)
+    changes: dict[str, dict[str, Cell]] = field(default_factory=dict)
 
 
 def compute(exp: Experiment, pareto_k: int | None = None, large_ks: Sequence[int] | None = None) -> Parts:
@@ -43,4 +47,5 @@ def compute(exp: Experiment, pareto_k: int | None = None, large_ks: Sequence[int
     for t in (pass_table, maj_table, change):
         notes += t.notes if t is not None else []
     notes += (below.notes if below else []) + pnotes + (curves.notes if curves else [])
-    return Parts(pass_table, maj_table, change, below, panels, curves, findings, list(dict.fromkeys(notes)))
+    return Parts(pass_table, maj_table, change, below, panels, curves, findings, list(dict.fromkeys(notes)),
+                 task_mdds(exp), task_changes(exp))

@@ -59,6 +59,52 @@ def _protocol_lines(exp: Experiment) -> list[str]:
             f"resampled within each task; differences vs base are paired by problem"]
 
 
+def mdd_rows(exp: Experiment, parts: Parts) -> tuple[list[str], list[list[str]]]:
+    """Per task: problems, base Pass@1, paired MDD per trained method and the unpaired MDD (pp)."""
+    methods = list(dict.fromkeys(m for r in parts.mdd for m in r.paired))
+    header = (["Task", "Problems", "Base Pass@1"] + [f"MDD {exp.label(m)} vs Base" for m in methods]
+              + ["MDD paired (max)", "MDD unpaired"])
+
+    def pp(x: float | None) -> str:
+        return "–" if x is None else f"{100 * x:.1f}"
+
+    rows = []
+    for r in parts.mdd:
+        held = " (held-out)" if r.task not in exp.in_domain else ""
+        rows.append([r.task + held, str(r.n), pp(r.base)] + [pp(r.paired.get(m)) for m in methods]
+                    + [pp(r.paired_max), pp(r.unpaired)])
+    return header, rows
+
+
+def change_rows(exp: Experiment, parts: Parts) -> tuple[list[str], list[list[str]]]:
+    """Per trained method and task: Pass@1 minus Base (pp) with its paired 95% interval."""
+    tasks = [r.task for r in parts.mdd]
+    header = ["Method"] + [t + ("" if t in exp.in_domain else " (held-out)") for t in tasks]
+    rows = []
+    for m, cells in parts.changes.items():
+        rows.append([exp.label(m)] + [markdown.fmt(cells.get(t), signed=True) + (
+            " " + markdown.fmt_ci(cells.get(t), signed=True) if cells.get(t) is not None
+            and cells[t].low is not None else "") for t in tasks])
+    return header, rows
+
+
+def _mdd_md(exp: Experiment, parts: Parts) -> list[str]:
+    if not parts.mdd:
+        return []
+    change = ([] if not parts.changes else [
+        "Pass@1 change vs Base on each task (percentage points, paired 95% bootstrap interval over problems):",
+        "", markdown.simple_markdown(*change_rows(exp, parts)), ""])
+    return ["## Resolution: minimum detectable Pass@1 difference", "",
+            "The smallest true difference in Pass@1 (percentage points) a two-sided test at alpha 0.05 detects "
+            "with 80% power on each task, by the normal approximation 2.80 * sd / sqrt(n) "
+            "(esreason.report.power). Paired: sd of that method's per-problem differences to Base (the "
+            "resolution of this report's paired comparisons); unpaired: two independent models with Base's "
+            "per-problem spread, sqrt(2) * sd(Base) (an upper bound for the paired design when per-problem "
+            "values are positively correlated; known before training). An average over T tasks resolves "
+            "roughly 1/sqrt(T) of the per-task value.", "",
+            markdown.simple_markdown(*mdd_rows(exp, parts)), ""] + change
+
+
 def _findings_md(findings: Sequence[Finding]) -> list[str]:
     rows = []
     for f in findings:
@@ -89,6 +135,7 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
             "direction; 'contradicted': it excludes 0 the other way; otherwise 'direction agrees, not "
             "significant' (point estimate in the claimed direction) or 'inconclusive'. Claims without an "
             "interval at best agree (esreason.report.verdicts).", ""]
+    lines += _mdd_md(exp, parts)
     lines += _table_section(parts.pass_table, "1", "Pass@K",
                             "Paper Tables tab:rq1-instruct-final and tab:rq1-deepseek-math.", tex.get("pass_at_k", ""))
     lines += _table_section(parts.maj_table, "2", "Maj@K",

@@ -146,7 +146,8 @@ def pareto_finding(exp: Experiment, panels: Sequence[ParetoPanel]) -> Finding:
         return Finding("pareto_added", claim, paper, NOT_TESTED, "no Average panel or no composition")
     added = [m for m in comps if m in avg.added]  # on the front at a point Base/GRPO/ES do not occupy
     return Finding("pareto_added", claim, paper, point_verdict(bool(added)),
-                   "no interval (front of point estimates); on the full front: {', '.join(exp.label(m) for m in avg.full_front)}; added by compositions: "
+                   f"no interval (front of point estimates); on the full front: "
+                   f"{', '.join(exp.label(m) for m in avg.full_front)}; added by compositions: "
                    f"{', '.join(exp.label(m) for m in added) or 'none'}", values={"added": added})
 
 

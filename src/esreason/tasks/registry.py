@@ -27,7 +27,7 @@ SUITES: dict[str, tuple[str, ...]] = {
     "hard-math": ("aime24", "aime25", "amc23", "math500"),
     "hard-heldout": ("gpqa", "mbpp", "csqa", "countdown"),
     "demo-indomain": ("demo-add",),
-    "demo-heldout": ("demo-sub", "demo-countdown"),
+    "demo-heldout": ("demo-sub", "demo-sub3"),
 }
 
 

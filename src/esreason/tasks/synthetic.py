@@ -16,6 +16,11 @@ the demo chat template drops them).
 - ``demo-countdown`` (held-out): reach a target with three numbers, each used once,
   with + - * /; the answer is an expression in ``<answer></answer>`` (no chain of
   thought: the model has to search, so sampling helps — the Pass@K regime).
+- ``demo-sub3`` (held-out, not in the pretraining mixture): short subtraction, a 3-digit
+  minus a 2-3 digit number, same chain and answer format as ``demo-sub``; its test and
+  train questions never occur in ``demo-sub`` (neither split), so the embedded default
+  never saw them. The ``demo-heldout`` suite uses it instead of ``demo-countdown``, on which
+  the embedded default sits at the floor (Pass@1 < 1 %, docs/embedded.md).
 """
 
 from __future__ import annotations
@@ -91,6 +96,13 @@ def _gen_sub(rng: random.Random) -> tuple[str, str, str, dict]:
     return f"{a}-{b}", str(a - b), subtraction_solution(a, b), {"a": a, "b": b}
 
 
+def _gen_sub3(rng: random.Random) -> tuple[str, str, str, dict]:
+    a, b = _operand(rng, 3), _operand(rng, rng.randint(2, 3))
+    if b > a:
+        a, b = b, a
+    return f"{a}-{b}", str(a - b), subtraction_solution(a, b), {"a": a, "b": b}
+
+
 _OPS = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y,
         "/": lambda x, y: x / y if y != 0 else None}
 
@@ -124,21 +136,28 @@ _FAMILIES = {
     "demo-add": (_gen_add, MATH_SYSTEM, "math"),
     "demo-sub": (_gen_sub, MATH_SYSTEM, "math"),
     "demo-countdown": (_gen_countdown, COUNTDOWN_SYSTEM, "countdown"),
+    "demo-sub3": (_gen_sub3, MATH_SYSTEM, "math"),
 }
+#: Families whose questions (both splits) a family never uses: demo-sub3 overlaps demo-sub's 3-digit part.
+_DISJOINT_FROM = {"demo-sub3": ("demo-sub",)}
 _DESCRIPTIONS = {
     "demo-add": "2-4 digit addition with a column chain of thought, answer in \\boxed{} (in-domain)",
     "demo-sub": "3-4 digit subtraction with borrows, answer in \\boxed{} (held-out)",
     "demo-countdown": "reach a target with three numbers, answer in <answer> tags (held-out)",
+    "demo-sub3": "3-digit minus 2-3 digit subtraction with borrows, questions disjoint from demo-sub (held-out)",
 }
 
 
 @lru_cache(maxsize=16)
 def _generate(family: str, split: str) -> tuple[Problem, ...]:
-    """Deterministic problems of ``family``/``split``; test questions never occur in train."""
+    """Deterministic problems of ``family``/``split``; test questions never occur in train, and no
+    question of a family in ``_DISJOINT_FROM[family]`` (either split) occurs in either split."""
     gen, system, _ = _FAMILIES[family]
     test_keys: set[str] = set()
     if split == "train":
         test_keys = {p.messages[-1]["content"] for p in _generate(family, "test")}
+    for other in _DISJOINT_FROM.get(family, ()):
+        test_keys |= {p.messages[-1]["content"] for sp in SPLIT_SEEDS for p in _generate(other, sp)}
     rng = random.Random(f"esreason/{family}/{SPLIT_SEEDS[split]}")
     seen: set[str] = set()
     problems = []
