@@ -230,14 +230,14 @@ class ESWorkerExtension:
         """centre += alpha/N sum_i w_i eps(seeds_i) (fp32 on the device); returns ||delta applied||_2."""
         if self._es_active is not None:
             raise RuntimeError("es_update while a member is applied")
-        sq = 0.0
+        sq = None  # float64 scalar on the device: one host sync per update, not one per tensor
         for slot in self._es_slots:
             centre = None if self._es_centre is None else self._es_centre[slot.hf_name]
             part = update_tensor(self._es_view(slot), slot.hf_name, seeds, weights, alpha,
                                  master=centre if self._es_master else None,
                                  centre=None if self._es_master else centre)
-            sq += float(part)
-        return sq ** 0.5
+            sq = part if sq is None else sq + part
+        return 0.0 if sq is None else float(sq) ** 0.5
 
     def es_noise_domain(self) -> str:
         """Where this worker's seeds mean the same directions (:func:`esreason.es.noise.generator_domain`)."""
