@@ -471,3 +471,16 @@ def test_mdd_per_task_in_report(exp_dir: Path) -> None:
     assert "Pass@1 change vs Base on each task" in md and "+20.0 [+20.0, +20.0]" in md
     pareto = result.finding("pareto_added")
     assert pareto is not None and "{" not in pareto.evidence and "on the full front: " in pareto.evidence
+
+
+def test_trailing_mean_stays_inside_a_stage():
+    from esreason.report.curves import Series, trailing_mean
+
+    s = Series("es_grpo", "ES→GRPO", xs=[1, 2, 3, 4, 5, 6], ys=[1.0, 3.0, 5.0, 0.1, 0.3, 0.5], boundaries=[3])
+    # stage 1 is updates 1-3 (ES), stage 2 starts at offset 3: its first row is update 4
+    assert trailing_mean(s, window=2) == pytest.approx([1.0, 2.0, 4.0, 0.1, 0.2, 0.4])
+    plain = Series("es", "ES", xs=[1, 2, 3, 4], ys=[0.0, 1.0, 2.0, 3.0])
+    assert trailing_mean(plain, window=3) == pytest.approx([0.0, 0.5, 1.0, 2.0])
+    assert trailing_mean(plain, window=1) == plain.ys
+    with pytest.raises(ValueError):
+        trailing_mean(plain, window=0)

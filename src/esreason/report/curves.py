@@ -9,6 +9,10 @@ offset. Quantities:
   over the group samples). No base-model value is logged for it, so that panel has no
   reference line. Levels differ between methods by construction (ES members decode at the
   run's generation temperature, greedy in the paper's setting; GRPO samples at 1.0).
+  Each update's reward mostly reflects which prompts the update drew, so the figure also
+  draws :func:`trailing_mean` (our choice: the last ``REWARD_WINDOW`` updates of the same
+  stage; the paper smooths its reward curves with an EMA over hundreds of updates, which
+  at the demo's 20 updates would be a running mean of everything so far).
 - ``heldout/entropy`` and ``heldout/pass@K``: the periodic held-out evaluation during
   training (average over the run's held-out tasks). Step 0 of a run that starts from
   the base model is the base model's value, drawn as a horizontal reference line.
@@ -25,6 +29,9 @@ from esreason.report.load import Experiment
 
 _PASS_KEY = re.compile(r"^heldout/pass@(\d+)$")
 
+#: Updates in the trailing mean drawn over the per-update training reward.
+REWARD_WINDOW = 5
+
 
 @dataclass
 class Series:
@@ -39,6 +46,24 @@ class Series:
     def as_dict(self) -> dict[str, Any]:
         return {"method": self.method, "label": self.label, "x": self.xs, "y": self.ys,
                 "stage_boundaries": self.boundaries}
+
+
+def trailing_mean(s: Series, window: int = REWARD_WINDOW) -> list[float]:
+    """Mean of the last ``window`` values at each point, never across a stage boundary.
+
+    A composition's second stage starts its own window (ES and GRPO rewards are on
+    different scales); the first points of a stage average what the stage has so far.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1 (got {window})")
+    out: list[float] = []
+    start = 0  # index where the current stage's values begin
+    for i, x in enumerate(s.xs):
+        if i > 0 and any(s.xs[i - 1] <= b < x for b in s.boundaries):
+            start = i  # the first row past a boundary (stage 2's step n >= 1 sits at offset + n)
+        lo = max(start, i - window + 1)
+        out.append(sum(s.ys[lo:i + 1]) / (i + 1 - lo))
+    return out
 
 
 @dataclass

@@ -29,7 +29,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from esreason.io import atomic_save_figure  # noqa: E402
-from esreason.report.curves import Curves  # noqa: E402
+from esreason.report.curves import REWARD_WINDOW, Curves, trailing_mean  # noqa: E402
 from esreason.report.load import Cell  # noqa: E402
 from esreason.report.pareto import ParetoPanel  # noqa: E402
 
@@ -226,7 +226,8 @@ def plot_pareto(panels: Sequence[ParetoPanel], style: Mapping[str, Style], path:
 
 # ---------------------------------------------------------------------- training curves
 
-_PANEL_TITLES = {"reward/mean": ("Training reward", "mean reward"),
+_PANEL_TITLES = {"reward/mean": (f"Training reward (faint: per update; line: mean of last {REWARD_WINDOW})",
+                                 "mean reward"),
                  "heldout/entropy": ("Held-out token entropy", "entropy (nats/token)")}
 
 
@@ -250,9 +251,13 @@ def plot_training(curves: Curves, style: Mapping[str, Style], path: Path, title:
             st = style[s.method]
             # later lines thinner, so a line that coincides with an earlier one (a composition's first
             # stage replaying the same-seed run) still shows both colours
-            ax.plot(s.xs, [scale * y for y in s.ys], color=st.color, marker=st.marker,
-                    markersize=max(6.5 - 1.0 * i, 3.0), linewidth=max(3.0 - 0.5 * i, 1.0), alpha=0.9,
-                    label=st.label)
+            width, size = max(3.0 - 0.5 * i, 1.0), max(6.5 - 1.0 * i, 3.0)
+            if key == "reward/mean":  # per-update values faint, the trailing mean on top
+                ax.plot(s.xs, s.ys, color=st.color, marker=st.marker, markersize=2.5, linewidth=0.8, alpha=0.3)
+                ax.plot(s.xs, trailing_mean(s), color=st.color, linewidth=width, alpha=0.9, label=st.label)
+            else:
+                ax.plot(s.xs, [scale * y for y in s.ys], color=st.color, marker=st.marker,
+                        markersize=size, linewidth=width, alpha=0.9, label=st.label)
             for b in s.boundaries:
                 ax.axvline(b, color=st.color, linestyle=":", linewidth=1.1, alpha=0.8)
             if s.method not in methods:
