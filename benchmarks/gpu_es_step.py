@@ -33,13 +33,20 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from noise import MODELS  # noqa: E402  (the shapes live in one place: benchmarks/noise.py)
+
 HUB_IDS = {"qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B-Instruct"}
-ARCH = {  # config.json of the hub models (the fields that set the parameter shapes)
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-}
+
+
+def hf_config(shapes: dict) -> dict:
+    """Qwen2Config fields for one of benchmarks/noise.py's MODELS (the hub configs' shape fields)."""
+    return dict(hidden_size=shapes["hidden"], intermediate_size=shapes["inter"], num_hidden_layers=shapes["layers"],
+                num_attention_heads=shapes["heads"], num_key_value_heads=shapes["kv_heads"],
+                vocab_size=shapes["vocab"], tie_word_embeddings=shapes["tied"])
+
+
+ARCH = {name: hf_config(MODELS[name]) for name in HUB_IDS}
 
 
 def random_model_dir(name: str, out: Path) -> Path:
@@ -74,8 +81,8 @@ def rng_samples_per_s(device: str = "cuda", n: int = 1 << 28, repeats: int = 5) 
 
 
 def measure(name: str, args: argparse.Namespace) -> dict:
-    from esreason.backends.hf import HFPolicy, load_model
     from esreason.backends.engine import policy_state
+    from esreason.backends.hf import HFPolicy, load_model
     from esreason.backends.vllm import VLLMEngine, VLLMEngineOptions
     from esreason.es.population import draw_population
     from esreason.es.shaping import shape

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from esreason.es.apply import copy_tensor, perturb_tensor, update_tensor
-from esreason.es.noise import tensor_seed
+from esreason.es.noise import numel_of, tensor_seed
 
 # Qwen2.5 configurations (config.json of each hub model).
 MODELS = {
@@ -62,10 +62,7 @@ class Tensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return numel_of(self.shape)
 
 
 def model_tensors(cfg: dict) -> list[Tensor]:
