@@ -259,3 +259,30 @@ def test_vllm_cpu_engine_matches_hf_policy(tmp_path):
     assert set(want) == set(got)
     for name, tensor in want.items():
         assert torch.equal(tensor, got[name]), name
+
+
+def test_extension_sharded_update_over_a_gloo_group(tiny_model_dir, tmp_path):
+    """Two stand-in workers, each summing one shard, all-reduce over a real gloo group (threads
+    here, processes in a pool) and end bit-identical to an HF policy summing both shards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from esreason.backends.collective import host_store
+    from esreason.backends.hf import HFPolicy, load_model
+    from esreason.es.sharded import Sharding
+
+    model, tok = load_model(str(tiny_model_dir))
+    policy = HFPolicy(model, tok)
+    policy.save(tmp_path / "start")
+    workers = [StandInWorker(_fused_model(model, False)) for _ in range(2)]
+    for w in workers:
+        w.es_setup(str(tmp_path / "start"))
+    store = host_store("127.0.0.1", timeout_s=60)
+    seeds, weights = [3, 9, 4, 1], [0.7, -1.2, 0.4, 0.1]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda j: workers[j].es_join_group("127.0.0.1", store.port, "t/1", j, 2, 60), range(2)))
+        norms = list(pool.map(lambda j: workers[j].es_update_sharded(seeds, weights, 0.01, 2, [j]), range(2)))
+    want = policy.apply_update(seeds, weights, 0.01, Sharding.local(2))
+    assert norms[0] == norms[1] == pytest.approx(want, rel=1e-9) and want > 0
+    assert workers[0].es_checksum() == workers[1].es_checksum() == policy_checksum(policy)
+    with pytest.raises(RuntimeError, match="before es_join_group"):
+        StandInWorker(_fused_model(model, False)).es_update_sharded(seeds, weights, 0.01, 2, [0])

@@ -161,6 +161,12 @@ class BackendConfig:
     check_every: int = 10
     """ray/vllm: compare the engines' weight checksums with the trainer's centre every this
     many updates and re-load engines that differ (0 = never)."""
+    update: Literal["replicated", "sharded"] = "replicated"
+    """ray: how the engines apply an update. replicated: each engine redraws all N directions.
+    sharded: the N members are cut into ``engines`` shards, each engine sums its own and the
+    engines add the sums exactly with one int64 all-reduce per noise block; the trainer's centre
+    is updated in the background (docs/scale.md, "Sharded update"). Bit-identical on every engine
+    and for any number of live engines, but rounded differently from replicated."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +288,8 @@ def validate(cfg: RunConfig) -> None:
             f"only used with backend.type=ray (got type {be.type!r})")
     require(be.population_batch >= 0, "backend.population_batch", f"must be >= 0 (got {be.population_batch})")
     require(be.check_every >= 0, "backend.check_every", f"must be >= 0 (got {be.check_every})")
+    require(be.update == "replicated" or be.type == "ray", "backend.update",
+            f"'sharded' needs backend.type=ray (got type {be.type!r})")
     require(cov.every >= 0, "coverage.every", f"must be >= 0 (got {cov.every})")
     require(cov.prompts >= 1, "coverage.prompts", f"must be >= 1 (got {cov.prompts})")
     require(cov.samples >= 1, "coverage.samples", f"must be >= 1 (got {cov.samples})")

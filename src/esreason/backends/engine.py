@@ -57,6 +57,14 @@ class Engine(Protocol):
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
         """centre += alpha/N sum_i w_i eps(seeds_i); returns ||delta||_2."""
 
+    def join_group(self, spec: Any) -> None:
+        """Join the pool's process group (:class:`esreason.backends.collective.GroupSpec`); all engines at once."""
+
+    def apply_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                             num_shards: int, shards: Sequence[int]) -> float:
+        """The same update, this engine summing only ``shards`` and all-reducing with the group
+        (:mod:`esreason.es.sharded`); returns ||delta||_2."""
+
     def checksum(self) -> str:
         """Hex digest of the centre's bits (equal digests <=> identical centres)."""
 
@@ -158,6 +166,7 @@ class HFEngine:
 
     def __init__(self, options: HFEngineOptions, state: StateFiles) -> None:
         self.options = options
+        self.group: Any = None  # the pool's process group (sharded update), after join_group
         torch.set_num_threads(max(1, int(options.threads)))
         self.load_state(state)
 
@@ -188,6 +197,23 @@ class HFEngine:
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
         norm = self.policy.apply_update(seeds, weights, alpha)
+        self.policy.params.pop_timings()
+        return norm
+
+    def join_group(self, spec: Any) -> None:
+        from esreason.backends.collective import EngineGroup
+
+        self.group = None  # drop the old group first (its peers may be gone)
+        self.group = EngineGroup(spec, next(self.policy.model.parameters()).device)
+
+    def apply_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                             num_shards: int, shards: Sequence[int]) -> float:
+        from esreason.es.sharded import Sharding
+
+        if self.group is None:
+            raise RuntimeError("apply_update_sharded before join_group")
+        sharding = Sharding(int(num_shards), tuple(int(k) for k in shards), self.group.all_reduce_)
+        norm = self.policy.apply_update(seeds, weights, alpha, sharding)
         self.policy.params.pop_timings()
         return norm
 

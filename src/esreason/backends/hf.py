@@ -88,8 +88,10 @@ class HFPolicy:
     def restore(self) -> None:
         self.params.restore()
 
-    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
-        return self.params.apply_update(seeds, weights, alpha)
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                     sharding: Any = None) -> float:
+        """centre += alpha/N sum_i w_i eps_i (replicated, or :class:`esreason.es.sharded.Sharding`)."""
+        return self.params.apply_update(seeds, weights, alpha, sharding)
 
     def save(self, directory: str | Path) -> None:
         """HF checkpoint of the centre (model + tokenizer), plus fp32 masters when kept."""

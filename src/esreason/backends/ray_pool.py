@@ -42,6 +42,7 @@ from esreason.backends.base import SamplingParams
 from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
                                       StateFiles, check_noise_domains, policy_checksum,
                                       policy_noise_domain, policy_state)
+from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,13 @@ class EngineHost:
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
         return self.engine.apply_update(seeds, weights, alpha)
 
+    def join_group(self, spec: Any) -> None:
+        self.engine.join_group(spec)
+
+    def apply_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                             num_shards: int, shards: Sequence[int]) -> float:
+        return self.engine.apply_update_sharded(seeds, weights, alpha, num_shards, shards)
+
     def checksum(self) -> str:
         return self.engine.checksum()
 
@@ -146,24 +154,33 @@ class RayEnginePool:
     check_every: compare checksums every this many updates (0 = never). reference: the
     trainer's in-process :class:`HFPolicy` (the checksum and re-broadcast source) or None
     (engine rank 0). cpus/gpus: resources per engine. inflight: members queued per engine.
-    start_timeout_s: how long engines may take to be placed and to start.
+    start_timeout_s: how long engines may take to be placed and to start. update:
+    'replicated' (every engine sums all N directions; :meth:`after_update`) or 'sharded'
+    (:meth:`apply_update`: ``engines`` shards, one all-reduce per noise block;
+    :mod:`esreason.backends.sharded_update`). collective_timeout_s: how long a sharded
+    update's collective waits for a peer.
     """
 
     def __init__(self, kind: str, options: Any, state: StateFiles, engines: int, *,
                  address: str | None = None, check_every: int = 10, reference: Any = None,
-                 cpus: float = 1, gpus: float = 0, inflight: int = 2, start_timeout_s: float = 300) -> None:
+                 cpus: float = 1, gpus: float = 0, inflight: int = 2, start_timeout_s: float = 300,
+                 update: str = "replicated", collective_timeout_s: float = 600) -> None:
         if engines < 1:
             raise UserError(f"config key 'backend.engines': must be >= 1 (got {engines})")
+        if update not in ("replicated", "sharded"):
+            raise UserError(f"config key 'backend.update': expected 'replicated' or 'sharded' (got {update!r})")
         self.ray = import_ray()
         self.kind, self.options, self.engines = kind, options, engines
         self.check_every, self.reference = check_every, reference
         self.cpus, self.gpus, self.inflight = cpus, gpus, max(1, inflight)
         self.start_timeout_s = start_timeout_s
+        self.update_mode = update
         self.stats = PoolStats()
         self.slots: list[_Slot] = []
         self._pending_updates: dict[int, Any] = {}
         self._next_rank = 0
         self._closed = False
+        self.sharded = ShardedUpdate(self, collective_timeout_s) if update == "sharded" else None
         self._owns_ray = self._connect(address)
         try:
             self._check_resources()
@@ -339,8 +356,29 @@ class RayEnginePool:
             fill()
         return collector.result(time.perf_counter() - t0)
 
+    @property
+    def owns_update(self) -> bool:
+        """True in sharded mode: the trainer calls :meth:`apply_update` instead of updating its policy itself."""
+        return self.sharded is not None
+
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> float:
+        """Sharded mode: the engines apply the update (and the reference, in the background); returns ||delta||."""
+        if self.sharded is None:
+            raise RuntimeError("apply_update is the sharded mode's entry point; use after_update")
+        norm = self.sharded.apply(seeds, weights, alpha, step)
+        if self.check_every and (step + 1) % self.check_every == 0:
+            self.check_consistency(step)
+        return norm
+
+    def wait_reference(self) -> None:
+        """Wait for the reference's background update (sharded mode; a no-op otherwise)."""
+        if self.sharded is not None:
+            self.sharded.wait_reference()
+
     def after_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> None:
         """Every engine applies the same update; checksums are compared every ``check_every`` updates."""
+        if self.sharded is not None:
+            raise RuntimeError("backend.update=sharded: the trainer must call apply_update, not after_update")
         seeds, weights = [int(s) for s in seeds], [float(w) for w in weights]
         for slot in self.slots:
             self._pending_updates[slot.rank] = slot.actor.apply_update.remote(seeds, weights, float(alpha))
@@ -352,6 +390,8 @@ class RayEnginePool:
         if self._closed:
             return
         self._closed = True
+        if self.sharded is not None:
+            self.sharded.close()
         self._discard(self.slots)
         self.slots.clear()
         if self._owns_ray and self.ray.is_initialized():
@@ -360,6 +400,7 @@ class RayEnginePool:
     # ------------------------------------------------------------------ consistency
 
     def _reference_state(self) -> StateFiles:
+        self.wait_reference()
         if self.reference is not None:
             return policy_state(self.reference)
         return self.ray.get(self.slots[0].actor.export_state.remote())
@@ -387,6 +428,7 @@ class RayEnginePool:
         state and verified again.
         """
         self.stats.checks += 1
+        self.wait_reference()
         sums = self.checksums()
         ref = self._reference_checksum(sums)
         bad = [rank for rank, s in sums.items() if s != ref]
@@ -414,11 +456,11 @@ def build_ray_pool(cfg: Any, policy: Any) -> RayEnginePool:
     """The pool for a run config: HF engines on CPU (``device: cpu``), vLLM engines on GPUs otherwise."""
     state = policy_state(policy)
     be = cfg.backend
-    check_every = getattr(be, "check_every", 10)
+    common = dict(address=be.ray_address, check_every=getattr(be, "check_every", 10), reference=policy,
+                  update=getattr(be, "update", "replicated"))
     if cfg.device == "cpu":
         return RayEnginePool("hf", HFEngineOptions.from_config(cfg, threads=1), state, be.engines,
-                             address=be.ray_address, check_every=check_every, reference=policy, cpus=1, gpus=0)
+                             cpus=1, gpus=0, **common)
     from esreason.backends.vllm import VLLMEngineOptions
 
-    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, address=be.ray_address,
-                         check_every=check_every, reference=policy, cpus=1, gpus=1)
+    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, cpus=1, gpus=1, **common)

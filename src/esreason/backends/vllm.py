@@ -136,6 +136,19 @@ class VLLMEngine:
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
         return float(self._rpc("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha)))
 
+    def join_group(self, spec: Any) -> None:
+        workers = len(self.llm.collective_rpc("es_noise_domain"))
+        if workers != 1:
+            raise UserError(f"backend.update=sharded needs one worker per vLLM engine (tensor_parallel_size 1); "
+                            f"this engine has {workers}")
+        self._rpc("es_join_group", spec.host, int(spec.port), spec.prefix, int(spec.rank), int(spec.world),
+                  float(spec.timeout_s))
+
+    def apply_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                             num_shards: int, shards: Sequence[int]) -> float:
+        return float(self._rpc("es_update_sharded", [int(s) for s in seeds], [float(w) for w in weights],
+                               float(alpha), int(num_shards), [int(k) for k in shards]))
+
     def checksum(self) -> str:
         return str(self._rpc("es_checksum"))
 

@@ -43,6 +43,7 @@ import torch
 from esreason.backends.engine import tensors_checksum
 from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
 from esreason.es.noise import generator_domain
+from esreason.es.sharded import Sharding
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,8 @@ class ESWorkerExtension:
         self._es_active = None
 
     @torch.no_grad()
-    def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
+    def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                  sharding: Sharding | None = None) -> float:
         """centre += alpha/N sum_i w_i eps(seeds_i) (fp32 on the device); returns ||delta applied||_2."""
         if self._es_active is not None:
             raise RuntimeError("es_update while a member is applied")
@@ -235,9 +237,26 @@ class ESWorkerExtension:
             centre = None if self._es_centre is None else self._es_centre[slot.hf_name]
             part = update_tensor(self._es_view(slot), slot.hf_name, seeds, weights, alpha,
                                  master=centre if self._es_master else None,
-                                 centre=None if self._es_master else centre)
+                                 centre=None if self._es_master else centre, sharding=sharding)
             sq = part if sq is None else sq + part
         return 0.0 if sq is None else float(sq) ** 0.5
+
+    def es_join_group(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float) -> None:
+        """Join the pool's process group for the sharded update (:mod:`esreason.backends.collective`)."""
+        from esreason.backends.collective import EngineGroup, GroupSpec
+
+        self._es_group = None
+        device = next(iter(self._es_params.values())).device
+        self._es_group = EngineGroup(GroupSpec(host, int(port), prefix, int(rank), int(world), float(timeout_s)), device)
+
+    def es_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                          num_shards: int, shards: Sequence[int]) -> float:
+        """:meth:`es_update` summing only ``shards`` and all-reducing with the pool's group."""
+        group = getattr(self, "_es_group", None)
+        if group is None:
+            raise RuntimeError("es_update_sharded before es_join_group")
+        sharding = Sharding(int(num_shards), tuple(int(k) for k in shards), group.all_reduce_)
+        return self.es_update(seeds, weights, alpha, sharding)
 
     def es_noise_domain(self) -> str:
         """Where this worker's seeds mean the same directions (:func:`esreason.es.noise.generator_domain`)."""

@@ -6,7 +6,7 @@ the same arithmetic:
 
 - :func:`perturb_tensor`   p <- round(base_fp32 + sigma * E(seed))        (procedure step 3)
 - :func:`subtract_tensor`  p <- round(p_fp32 - sigma * E(seed))            (``restore: subtract``)
-- :func:`update_tensor`    centre += alpha / N * sum_i w_i E(seed_i)       (step 5)
+- :func:`update_tensor`    centre += alpha / N * sum_i w_i E(seed_i)       (step 5; replicated or sharded)
 
 E is the dense direction eps (``rank=None``) or the low-rank A B^T / sqrt(r_W)
 (:mod:`esreason.es.lowrank`). A *piece* is one noise block of a dense direction
@@ -33,6 +33,7 @@ import torch
 from esreason.es.cache import DirectionCache
 from esreason.es.lowrank import cached_factors, row_chunks, stacked_factors
 from esreason.es.noise import block_spans
+from esreason.es.sharded import Sharding, sharded_update_pieces
 from esreason.es.update import block_direction, update_block
 
 _F32 = torch.float32
@@ -133,19 +134,25 @@ def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Se
 @torch.no_grad()
 def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float, *,
                   rank: int | None = None, master: torch.Tensor | None = None, centre: torch.Tensor | None = None,
-                  cache: DirectionCache | None = None) -> torch.Tensor:
+                  cache: DirectionCache | None = None, sharding: Sharding | None = None) -> torch.Tensor:
     """centre += alpha / N * sum_i w_i E(seeds_i), in one pass over ``p``'s pieces.
 
     With ``master`` (fp32) the master receives the delta and p = round(master); without,
     p = round(p_fp32 + delta). ``centre`` (a model-dtype exact-restore copy) is refreshed.
+    With ``sharding`` the delta is the sharded, exactly added sum of :mod:`esreason.es.sharded`
+    (this process's shards, all-reduced over the engines) instead of the replicated one.
     Returns the float64 scalar sum of squared applied changes (after rounding) on p's
     device: one host sync per update for the caller, not one per tensor.
     """
+    if sharding is None:
+        pieces = _update_pieces(p, name, seeds, weights, alpha, rank, cache)
+    else:
+        pieces = sharded_update_pieces(p, name, seeds, weights, alpha, sharding, rank=rank, cache=cache)
     flat = _flat(p)
     mflat = None if master is None else _flat(master)
     cflat = None if centre is None else _flat(centre)
     sq = torch.zeros((), dtype=torch.float64, device=p.device)
-    for start, stop, delta in _update_pieces(p, name, seeds, weights, alpha, rank, cache):
+    for start, stop, delta in pieces:
         piece = flat[start:stop]
         old = piece.to(_F32, copy=True)  # [piece] fp32 copy of theta_old
         if mflat is not None:

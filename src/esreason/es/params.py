@@ -53,6 +53,7 @@ import torch
 from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
 from esreason.es.cache import DirectionCache
 from esreason.es.lowrank import Perturbation
+from esreason.es.sharded import Sharding
 
 
 def unique_named_parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -154,8 +155,12 @@ class CentredParameters:
         self.timings["restore"] += time.perf_counter() - t0
 
     @torch.no_grad()
-    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
+    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
+                     sharding: Sharding | None = None) -> float:
         """centre <- centre + alpha/N * sum_i w_i eps(seeds_i); returns ||theta_new - theta_old||_2.
+
+        ``sharding``: compute the sum sharded and added exactly (:mod:`esreason.es.sharded`);
+        None is the replicated update.
 
         The delta is accumulated in fp32 on the weights' device; without master weights the
         new centre is round(theta_old_fp32 + delta) in the model dtype. The returned norm is
@@ -171,7 +176,8 @@ class CentredParameters:
         for name, p in self.params:
             part = update_tensor(p, name, seeds, weights, alpha, rank=self._ranks[name],
                                  master=None if self._master is None else self._master[name],
-                                 centre=None if self._centre is None else self._centre[name], cache=self.cache)
+                                 centre=None if self._centre is None else self._centre[name], cache=self.cache,
+                                 sharding=sharding)
             sq = part if sq is None else sq + part.to(sq.device)
         self.cache.clear()
         self.timings["update"] += time.perf_counter() - t0

@@ -6,7 +6,8 @@ One update t (paper appendix "Implementation Procedure"):
 2. members = draw_population(seed, t, N, estimator)      (32-bit seeds, signs)
 3. R       = evaluate_population(...)                    (perturb / generate / score / restore)
 4. z       = shape(R)                                    (z-score, none or rank)
-5. theta  += alpha/N * sum_i z_i sign_i eps_i            (policy.apply_update)
+5. theta  += alpha/N * sum_i z_i sign_i eps_i            (policy.apply_update; with a sharded
+                                                         pool: evaluator.apply_update)
 6. log, checkpoint, periodic held-out evaluation
 
 Everything random is a pure function of (train.seed, t), so a run resumed from
@@ -95,6 +96,7 @@ class ESTrainer:
         golds = [self.problems[i].gold for i in idx]
         pop = draw_population(self.cfg.train.seed, t, es.population_size, es.estimator)
         result = self.evaluator.evaluate(pop, es.sigma, prompts, golds, self.scorer, self.member_params(t))
+        self.wait_reference()  # a sharded pool updates the policy in the background; done by now
         member_r = result.member_rewards  # [N]
         shaped_input = member_r
         if es.reward_control == "shuffle":
@@ -110,9 +112,15 @@ class ESTrainer:
 
             probe = CoverageProbe(self.cfg, self.policy, self.generator, self.scorer, t)
             probe.measure(pop, es.sigma, prompts, golds, weights)  # centre restored bit-exactly
-        update_norm = self.policy.apply_update(pop.seeds, weights, es.alpha)
-        self.evaluator.after_update(pop.seeds, weights, es.alpha, t)
-        timings = self.policy.params.pop_timings()
+        if getattr(self.evaluator, "owns_update", False):
+            # backend.update=sharded: the engines update, the policy follows in the background
+            t_update = time.perf_counter()
+            update_norm = self.evaluator.apply_update(pop.seeds, weights, es.alpha, t)
+            timings = {**self.policy.params.pop_timings(), "update": time.perf_counter() - t_update}
+        else:
+            update_norm = self.policy.apply_update(pop.seeds, weights, es.alpha)
+            self.evaluator.after_update(pop.seeds, weights, es.alpha, t)
+            timings = self.policy.params.pop_timings()
         step_time = time.perf_counter() - t_start
         epoch, _ = self.schedule.position(t)
         metrics = {
@@ -137,11 +145,18 @@ class ESTrainer:
             metrics.update(probe.finish())  # samples the updated centre (read-only)
         return metrics
 
+    def wait_reference(self) -> None:
+        """Join the evaluator's background update of ``policy`` (sharded pool) before reading it."""
+        wait = getattr(self.evaluator, "wait_reference", None)
+        if wait is not None:
+            wait()
+
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, steps_done: int) -> Path:
         from esreason.io import atomic_directory
 
+        self.wait_reference()
         final = self.run_dir.checkpoint_path(steps_done)
         epoch, pos = self.schedule.position(steps_done)
         state = {
@@ -178,6 +193,7 @@ class ESTrainer:
             metrics = self.step(t)
             steps_done = t + 1
             if self.heldout is not None and self.cfg.eval.every and steps_done % self.cfg.eval.every == 0:
+                self.wait_reference()
                 metrics.update(self.heldout(steps_done))
             self.logger.log(steps_done, metrics)
             bar.update(1)
@@ -185,6 +201,7 @@ class ESTrainer:
             if (every and steps_done % every == 0) or steps_done == total:
                 last_ckpt = self.save_checkpoint(steps_done)
         bar.close()
+        self.wait_reference()
         if last_ckpt is None and start_step >= total:
             found = self.run_dir.latest_checkpoint()
             last_ckpt = found[1] if found else None

@@ -1,0 +1,149 @@
+"""The sharded update: each engine sums only its own members; the engines add the sums exactly.
+
+The replicated update (:mod:`esreason.es.update`) has every engine of a pool redraw all N
+directions: at the paper's scale that is most of the ES overhead per engine
+(benchmarks/noise.py). With ``backend.update: sharded`` the sum
+
+    S = sum_{i=1}^{N} w_i eps_i          (the update is theta += alpha / N * S; Eq. es-practical-update)
+
+is cut into ``num_shards`` shards -- shard k holds the members i with i mod num_shards == k,
+summed in index order -- each engine computes the shards assigned to it and the engines add
+their results with one all-reduce per noise block (docs/es.md, "Sharded update").
+
+Exactness. A floating-point sum depends on its order, and an all-reduce's order depends on
+the library's algorithm and on how many engines take part. So every shard's fp32 partial
+sum P_k is turned into fixed point and the shards are added as integers:
+
+    q_k   = round(P_k * 2**s)                    int64; scaling by a power of two is exact
+    total = sum_k q_k                            int64: exact and associative
+    S     = float32(float64(total) * 2**-s)      the same bits wherever it is computed
+
+so the update is bit-identical on every engine and in the trainer's reference (which sums
+all shards itself, with no collective), whichever engine computed which shard, in whichever
+order the collective added them, and with any number of live engines. It depends only on
+``num_shards`` (a config value): a run resumed on fewer engines continues exactly.
+
+The shift s is the largest with 2**s * EPS_BOUND * sum_i |w_i| <= 2**62, so neither a q_k
+nor the total can overflow. ``torch.randn`` in fp32 never returns |eps| >= EPS_BOUND = 64
+(Box-Muller of a uniform >= 2**-64 gives at most 9.4). With z-scored weights of N = 32
+(sum |w| about 26) s = 51: a resolution of 4e-16, far below the fp32 rounding of the partial
+sums themselves (about 5e-7 at |P| = 5), so the fixed point changes how the sum is rounded,
+not how accurate it is. Deviation from the replicated update: the two round differently, so
+a sharded run is not bit-identical to a replicated one (both are exact sums to fp32 accuracy).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from esreason.es.cache import DirectionCache
+from esreason.es.lowrank import row_chunks, stacked_factors
+from esreason.es.noise import block_spans
+from esreason.es.update import weighted_block_sum
+
+#: Strict upper bound on |eps| of any fp32 torch.randn draw (see the module docstring).
+EPS_BOUND = 64.0
+#: All-reduce of an int64 tensor, in place, summing over the engines (None: no collective).
+Reduce = Callable[[torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Which part of the update this process computes.
+
+    num_shards: shards the N members are cut into (``backend.engines`` of the run).
+    shards: the shards this process sums (all of them for the trainer's reference).
+    reduce: in-place int64 all-reduce (sum) over the engines, or None when ``shards`` covers
+    every shard (no collective).
+    """
+
+    num_shards: int
+    shards: tuple[int, ...]
+    reduce: Reduce | None = None
+
+    @classmethod
+    def local(cls, num_shards: int) -> "Sharding":
+        """Every shard here, no collective: the trainer's reference computation."""
+        return cls(num_shards, tuple(range(num_shards)))
+
+
+def shard_members(num_members: int, num_shards: int, shard: int) -> list[int]:
+    """Member indices of ``shard``: i with i mod num_shards == shard, in index order."""
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} out of range for {num_shards} shards")
+    return list(range(shard, num_members, num_shards))
+
+
+def assign_shards(num_shards: int, engines: int, position: int) -> tuple[int, ...]:
+    """Shards of the engine at ``position`` (0..engines-1) among ``engines`` live engines: round robin."""
+    if not 0 <= position < engines:
+        raise ValueError(f"engine position {position} out of range for {engines} engines")
+    return tuple(range(position, num_shards, engines))
+
+
+def fixed_point_shift(weights: Sequence[float]) -> int | None:
+    """s with 2**s * EPS_BOUND * sum|w| <= 2**62 (None when every weight is 0: nothing to add)."""
+    total = math.fsum(abs(float(w)) for w in weights)
+    if total == 0.0:
+        return None
+    if not math.isfinite(total):
+        raise ValueError(f"update weights must be finite (sum of |w| = {total})")
+    return 62 - math.ceil(math.log2(EPS_BOUND * total))
+
+
+def quantize(partial: torch.Tensor, shift: int) -> torch.Tensor:
+    """round(partial * 2**shift) as int64 (partial fp32, consumed in place)."""
+    return partial.mul_(2.0 ** shift).round_().to(torch.int64)  # [n] int64
+
+
+def dequantize(total: torch.Tensor, shift: int) -> torch.Tensor:
+    """float32(float64(total) * 2**-shift): [n] fp32 from [n] int64."""
+    return total.to(torch.float64).mul_(2.0 ** -shift).to(torch.float32)
+
+
+def _shard_weights(seeds: Sequence[int], weights: Sequence[float], num_shards: int,
+                   shard: int) -> tuple[list[int], list[float]]:
+    idx = shard_members(len(seeds), num_shards, shard)
+    return [seeds[i] for i in idx], [weights[i] for i in idx]
+
+
+def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float],
+                          alpha: float, sharding: Sharding, *, rank: int | None = None,
+                          cache: DirectionCache | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(start, stop, delta piece fp32) of alpha/N * S over the flattened ``p`` (S: module docstring).
+
+    Pieces are the noise blocks of a dense direction, or row chunks of a low-rank matrix
+    (``rank`` = r_W), in the same order on every engine: each piece is one collective.
+    """
+    if len(seeds) != len(weights):
+        raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
+    n_members, device = len(seeds), p.device
+    shift = fixed_point_shift(weights)
+    per_shard = [_shard_weights(seeds, weights, sharding.num_shards, k) for k in sharding.shards]
+    if rank is None:
+        spans = [(start, stop, (b,)) for b, start, stop in block_spans(p.numel())]
+    else:
+        m, n = int(p.shape[0]), int(p.shape[1])
+        factors = [stacked_factors(name, (m, n), s, w, rank, cache, device=device) for s, w in per_shard]
+        spans = [(r0 * n, r1 * n, (r0, r1)) for r0, r1 in row_chunks(m, n)]
+    for start, stop, where in spans:
+        if shift is None:  # every weight 0: every engine knows it, so none enters a collective
+            yield start, stop, torch.zeros(stop - start, dtype=torch.float32, device=device)
+            continue
+        total = torch.zeros(stop - start, dtype=torch.int64, device=device)  # [piece] int64
+        for k, (s, w) in enumerate(per_shard):
+            if rank is None:
+                partial = weighted_block_sum(name, where[0], stop - start, s, w, device=device, cache=cache)
+            elif factors[k] is None:
+                continue
+            else:
+                left, right = factors[k]  # [m, K r], [n, K r] fp32
+                partial = torch.mm(left[where[0]:where[1]], right.t()).view(-1)  # [rows*n] fp32
+            total += quantize(partial, shift)
+        if sharding.reduce is not None:
+            sharding.reduce(total)
+        yield start, stop, dequantize(total, shift).mul_(alpha / n_members)

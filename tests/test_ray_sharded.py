@@ -1,0 +1,111 @@
+"""The Ray pool's sharded update on CPU (backend.update=sharded): HF engines, a gloo group.
+
+Each of two engines sums half the population and the engines all-reduce int64 block sums;
+the trainer's policy sums every shard itself in a background thread. They must hold the same
+bits after every update, survive a lost engine, and train like the replicated update.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import ray  # part of the dev extra
+
+from esreason.backends.engine import policy_checksum
+from esreason.backends.ray_pool import RayEnginePool
+from esreason.errors import UserError
+
+
+def tiny_cfg(*extra: str):
+    from esreason.config import load_config
+
+    return load_config(None, [
+        "model=demo", "task=demo-add", "train.limit=16", "train.batch_size=4", "train.max_steps=2",
+        "es.population_size=4", "es.sigma=0.003", "es.alpha=0.002", "generation.max_new_tokens=48",
+        "generation.temperature=0.7", "checkpoint.every=0", *extra])
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+def _policy(cfg):
+    from esreason.backends.hf import HFPolicy, load_model
+
+    model, tok = load_model(cfg.model)
+    return HFPolicy(model, tok, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
+                    direction_cache_mb=cfg.es.direction_cache_mb)
+
+
+def _train(cfg, policy, evaluator, out: Path):
+    from esreason import tasks, verifiers
+    from esreason.backends.sampling import Sampler
+    from esreason.es_loop.trainer import ESTrainer
+    from esreason.io import MetricsLogger, RunDir
+
+    task = tasks.get(cfg.task)
+    problems = task.load(cfg.train.split, None, cfg.train.limit)
+    prompts = [tasks.render_prompt(policy.tokenizer, p.messages) for p in problems]
+    scorer = verifiers.get(task.verifier, format_reward=cfg.es.format_reward)
+    with MetricsLogger(out) as logger:
+        trainer = ESTrainer(cfg, policy, Sampler(policy.model, policy.tokenizer), problems, prompts, scorer,
+                            RunDir(out), logger, evaluator=evaluator)
+        trainer.train(progress=False)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sharded_needs_the_ray_backend():
+    with pytest.raises(UserError, match="backend.update.*needs backend.type=ray"):
+        tiny_cfg("backend.update=sharded")
+    with pytest.raises(UserError, match="backend.update"):
+        tiny_cfg("backend.type=ray", "backend.update=halved")
+
+
+def test_sharded_pool_trains_with_engines_identical_to_the_trainer(ray_local, tmp_path):
+    from esreason.es_loop.select import build_evaluator
+    from esreason.es.sharded import Sharding
+
+    cfg = tiny_cfg("backend.type=ray", "backend.engines=2", "backend.check_every=1", "backend.update=sharded")
+    policy = _policy(cfg)
+    pool = build_evaluator(cfg, policy, None, policy.tokenizer)
+    try:
+        assert isinstance(pool, RayEnginePool) and pool.owns_update
+        sharded = _train(cfg, policy, pool, tmp_path / "sharded")
+        # after every update each engine (half the shards + all-reduce) == the trainer (all shards)
+        assert pool.stats.checks == 3 and pool.stats.rebroadcasts == 0
+        assert set(pool.checksums().values()) == {policy_checksum(policy)}
+        assert pool.sharded.generation == 1 and pool.sharded.failures == 0
+
+        # the fault path: an engine dies between evaluation and the update; the survivor's
+        # collective fails, it is re-loaded from the trainer's centre, and the update stands
+        victim = pool.slots[1]
+        ray.kill(victim.actor, no_restart=True)
+        norm = pool.apply_update([5, 6, 7, 8], [1.0, -0.5, 0.25, -0.75], 0.002, step=2)
+        assert norm > 0 and pool.sharded.failures == 1 and pool.stats.lost_engines == 1
+        assert set(pool.checksums().values()) == {policy_checksum(policy)}
+        # the next update: a fresh group over the live engines (a replacement when it fits)
+        pool.apply_update([9, 10, 11, 12], [0.5, -1.0, 1.0, -0.5], 0.002, step=3)
+        assert pool.sharded.generation >= 2 and pool.sharded.failures == 1
+        assert set(pool.checksums().values()) == {policy_checksum(policy)}
+    finally:
+        pool.close()
+
+    # the reference's arithmetic is the local sharded update (2 shards), not the replicated one
+    fresh, replicated = _policy(cfg), _policy(cfg)
+    fresh.apply_update([1, 2, 3, 4], [1.0, -1.0, 0.5, -0.5], 0.002, Sharding.local(2))
+    n_rep = replicated.apply_update([1, 2, 3, 4], [1.0, -1.0, 0.5, -0.5], 0.002)
+    n_sh = _policy(cfg).apply_update([1, 2, 3, 4], [1.0, -1.0, 0.5, -0.5], 0.002, Sharding.local(2))
+    assert math.isclose(n_sh, n_rep, rel_tol=1e-5)
+
+    # and it trains like the replicated update: same first-step rewards, same-size updates
+    ref = _train(tiny_cfg(), _policy(cfg), None, tmp_path / "replicated")
+    assert sharded[0]["reward/mean"] == ref[0]["reward/mean"]
+    assert math.isclose(sharded[0]["update_norm"], ref[0]["update_norm"], rel_tol=1e-5)
+    assert all(m["update_norm"] > 0 for m in sharded)
