@@ -23,6 +23,7 @@ from esreason.backends.hf import HFPolicy, load_model
 from esreason.es import lowrank as lowrank_mod
 from esreason.es import noise
 from esreason.es.noise import BLOCK_ELEMENTS, block_spans, direction, direction_block, tensor_seed
+from esreason.es.sharded import Sharding
 from esreason.es.params import CentredParameters, unique_named_parameters
 from esreason.es.update import update_delta
 
@@ -59,18 +60,23 @@ def meta_policy(dtype: torch.dtype, **kw) -> HFPolicy:
     dict(direction_cache_mb=0),                              # every direction drawn twice
     dict(restore="subtract"),                                # the paper artifact's restore
     dict(perturbation="lowrank", rank=4),                    # low-rank factors
-], ids=["exact", "no-cache", "subtract", "lowrank"])
+    dict(_sharded=True),                                     # the sharded update (int64 block sums)
+    dict(perturbation="lowrank", rank=4, _sharded=True),
+], ids=["exact", "no-cache", "subtract", "lowrank", "sharded", "lowrank-sharded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-masters"])
 def test_es_operations_create_no_host_tensor_on_an_accelerator(dtype, kw):
+    kw = dict(kw)
+    sharded = kw.pop("_sharded", False)
     policy = meta_policy(dtype, **kw)
     largest = max(p.numel() for p in policy.model.parameters())
     assert largest > HOST_LIMIT  # the check can fail: the model has tensors larger than the limit
     seeds, weights = [11, 12, 13, 14], [1.0, -0.5, 0.0, 2.0]
+    sharding = Sharding(2, (1,), lambda t: None) if sharded else None  # the reduce: a no-op stand-in
     with OpOutputs() as rec:
         for s in seeds:
             policy.perturb(s, 1e-3)
             policy.restore()
-        norm = policy.apply_update(seeds, weights, 1e-3)
+        norm = policy.apply_update(seeds, weights, 1e-3, sharding)
     assert rec.host_tensors_over(HOST_LIMIT) == []
     # and the operations did run on the stand-in device, at parameter size
     assert any(dev == "meta" and n == largest for _, dev, n, _ in rec.seen)
@@ -156,8 +162,9 @@ class Square(torch.nn.Module):
         self.lin = torch.nn.Linear(40, 40)
 
 
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "sharded"])
 @pytest.mark.parametrize("perturbation", ["full", "lowrank"])
-def test_the_update_is_one_bounded_pass(small_blocks, perturbation):
+def test_the_update_is_one_bounded_pass(small_blocks, perturbation, sharded):
     """Peak extra memory: every float tensor the update creates is a block, a row chunk of at
     most a block, or (low-rank) the stacked factors [m + n, N r] -- never matrix-sized."""
     m = Square()
@@ -168,8 +175,8 @@ def test_the_update_is_one_bounded_pass(small_blocks, perturbation):
     assert allowed < largest
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
     with OpOutputs() as rec:
-        cp.apply_update(seeds, weights, 0.1)
-    created = [n for op, _, n, dt in rec.seen if dt.is_floating_point
+        cp.apply_update(seeds, weights, 0.1, Sharding(3, (0, 2), lambda t: None) if sharded else None)
+    created = [n for op, _, n, dt in rec.seen if (dt.is_floating_point or dt == torch.int64)
                and not any(k in op for k in ("view", "slice", "t.default", "alias", "transpose"))]
     assert created and max(created) <= allowed
     assert all(not torch.equal(p.detach(), before[n]) for n, p in m.named_parameters())  # it did update

@@ -85,9 +85,11 @@ def test_shift_leaves_headroom_and_zero_weights_have_none():
 
 def test_quantize_roundtrip_is_exact_for_fp32_values_above_the_resolution():
     x = torch.randn(10_000) * 3  # fp32
+    x = x[x.abs() > 2.0 ** -16]
     s = 40
-    back = dequantize(quantize(x.clone(), s), s)
-    assert torch.equal(back, x)  # |x| >= 2**-16 here: every bit survives
+    back = dequantize(quantize(x * 2.0 ** s), s)
+    assert torch.equal(back, x)  # |x| * 2**40 >= 2**24: an integer in fp32, every bit survives
+    assert quantize(torch.tensor([2.75, -2.75])).tolist() == [2, -2]  # truncation toward zero
 
 
 @pytest.mark.parametrize("rank", [None, 2])

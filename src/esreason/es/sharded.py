@@ -11,12 +11,14 @@ summed in index order -- each engine computes the shards assigned to it and the 
 their results with one all-reduce per noise block (docs/es.md, "Sharded update").
 
 Exactness. A floating-point sum depends on its order, and an all-reduce's order depends on
-the library's algorithm and on how many engines take part. So every shard's fp32 partial
-sum P_k is turned into fixed point and the shards are added as integers:
+the library's algorithm and on how many engines take part. So every shard's partial sum is
+computed in fixed point and the shards are added as integers:
 
-    q_k   = round(P_k * 2**s)                    int64; scaling by a power of two is exact
-    total = sum_k q_k                            int64: exact and associative
-    S     = float32(float64(total) * 2**-s)      the same bits wherever it is computed
+    P_k   = sum_{i in shard k} (w_i * 2**s) eps_i     fp32, index order (= 2**s times the plain
+                                                      fp32 sum: power-of-two scaling is exact)
+    q_k   = trunc(P_k)                                int64
+    total = sum_k q_k                                 int64: exact and associative
+    delta = float32(total) * (alpha / N * 2**-s)      the same bits wherever it is computed
 
 so the update is bit-identical on every engine and in the trainer's reference (which sums
 all shards itself, with no collective), whichever engine computed which shard, in whichever
@@ -26,10 +28,17 @@ order the collective added them, and with any number of live engines. It depends
 The shift s is the largest with 2**s * EPS_BOUND * sum_i |w_i| <= 2**62, so neither a q_k
 nor the total can overflow. ``torch.randn`` in fp32 never returns |eps| >= EPS_BOUND = 64
 (Box-Muller of a uniform >= 2**-64 gives at most 9.4). With z-scored weights of N = 32
-(sum |w| about 26) s = 51: a resolution of 4e-16, far below the fp32 rounding of the partial
-sums themselves (about 5e-7 at |P| = 5), so the fixed point changes how the sum is rounded,
-not how accurate it is. Deviation from the replicated update: the two round differently, so
-a sharded run is not bit-identical to a replicated one (both are exact sums to fp32 accuracy).
+(sum |w| about 26) s = 51: truncation costs at most 2**-51 = 4e-16 of the sum, far below the
+fp32 rounding of the partial sums themselves (about 5e-7 at |P| = 5), so the fixed point
+changes how the sum is rounded, not how accurate it is.
+
+Bytes (what the cost model in benchmarks/noise.py counts): scaling the weights instead of the
+sums makes quantizing one int64 conversion per shard (read 4 B, write 8 B per element) and
+dequantizing one conversion and one multiply (read 8 + 4 B, write 4 + 4 B); the all-reduce
+moves 8 B per element.
+
+Deviation from the replicated update: the two round differently, so a sharded run is not
+bit-identical to a replicated one (both are the same sum to fp32 accuracy).
 """
 
 from __future__ import annotations
@@ -95,20 +104,21 @@ def fixed_point_shift(weights: Sequence[float]) -> int | None:
     return 62 - math.ceil(math.log2(EPS_BOUND * total))
 
 
-def quantize(partial: torch.Tensor, shift: int) -> torch.Tensor:
-    """round(partial * 2**shift) as int64 (partial fp32, consumed in place)."""
-    return partial.mul_(2.0 ** shift).round_().to(torch.int64)  # [n] int64
+def quantize(scaled: torch.Tensor) -> torch.Tensor:
+    """trunc(scaled) as int64 (scaled: an fp32 partial sum computed with weights w_i * 2**s)."""
+    return scaled.to(torch.int64)  # [n] int64, truncated toward zero
 
 
-def dequantize(total: torch.Tensor, shift: int) -> torch.Tensor:
-    """float32(float64(total) * 2**-shift): [n] fp32 from [n] int64."""
-    return total.to(torch.float64).mul_(2.0 ** -shift).to(torch.float32)
+def dequantize(total: torch.Tensor, shift: int, scale: float = 1.0) -> torch.Tensor:
+    """float32(total) * (scale * 2**-shift): [n] fp32 from [n] int64 (one rounding, then one exact-ish multiply)."""
+    return total.to(torch.float32).mul_(scale * 2.0 ** -shift)
 
 
-def _shard_weights(seeds: Sequence[int], weights: Sequence[float], num_shards: int,
-                   shard: int) -> tuple[list[int], list[float]]:
+def _shard_weights(seeds: Sequence[int], weights: Sequence[float], num_shards: int, shard: int,
+                   shift: int) -> tuple[list[int], list[float]]:
+    """The shard's seeds and its weights times 2**shift (exact: a power-of-two scaling)."""
     idx = shard_members(len(seeds), num_shards, shard)
-    return [seeds[i] for i in idx], [weights[i] for i in idx]
+    return [seeds[i] for i in idx], [math.ldexp(float(weights[i]), shift) for i in idx]
 
 
 def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float],
@@ -123,7 +133,7 @@ def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weig
         raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
     n_members, device = len(seeds), p.device
     shift = fixed_point_shift(weights)
-    per_shard = [_shard_weights(seeds, weights, sharding.num_shards, k) for k in sharding.shards]
+    per_shard = [_shard_weights(seeds, weights, sharding.num_shards, k, shift or 0) for k in sharding.shards]
     if rank is None:
         spans = [(start, stop, (b,)) for b, start, stop in block_spans(p.numel())]
     else:
@@ -134,16 +144,19 @@ def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weig
         if shift is None:  # every weight 0: every engine knows it, so none enters a collective
             yield start, stop, torch.zeros(stop - start, dtype=torch.float32, device=device)
             continue
-        total = torch.zeros(stop - start, dtype=torch.int64, device=device)  # [piece] int64
+        total: torch.Tensor | None = None  # [piece] int64
         for k, (s, w) in enumerate(per_shard):
             if rank is None:
-                partial = weighted_block_sum(name, where[0], stop - start, s, w, device=device, cache=cache)
+                scaled = weighted_block_sum(name, where[0], stop - start, s, w, device=device, cache=cache)
             elif factors[k] is None:
                 continue
             else:
-                left, right = factors[k]  # [m, K r], [n, K r] fp32
-                partial = torch.mm(left[where[0]:where[1]], right.t()).view(-1)  # [rows*n] fp32
-            total += quantize(partial, shift)
+                left, right = factors[k]  # [m, K r], [n, K r] fp32, weights already scaled by 2**s
+                scaled = torch.mm(left[where[0]:where[1]], right.t()).view(-1)  # [rows*n] fp32
+            q = quantize(scaled)  # [piece] int64
+            total = q if total is None else total.add_(q)
+        if total is None:  # no shard here (more engines than shards) or only zero-weight members
+            total = torch.zeros(stop - start, dtype=torch.int64, device=device)
         if sharding.reduce is not None:
             sharding.reduce(total)
-        yield start, stop, dequantize(total, shift).mul_(alpha / n_members)
+        yield start, stop, dequantize(total, shift, alpha / n_members)  # [piece] fp32
