@@ -8,7 +8,10 @@ Paths, side by side in one run on one machine:
   whole-tensor fp32 CPU accumulator, then copies it over.
 - ``device`` (now, :mod:`esreason.es.apply`): directions drawn block by block (2**22 elements)
   by the device's own generator on the weights' device; the update accumulates and applies
-  one block at a time.
+  one block at a time. This is ``backend.update: replicated``: every engine sums all N.
+- ``sharded`` (``backend.update: sharded``, :mod:`esreason.es.sharded`): one engine's part of
+  the update, N / 8 members summed, quantized to int64 and applied; the all-reduce between the
+  engines needs a second device and is costed by the cost model only.
 
 Both run with bf16 weights and fp32 masters (the GPU configuration, ``es.master_weights:
 auto``). Tensors are made one at a time, one per distinct (shape, role) of Qwen2.5-1.5B / 7B,
@@ -44,6 +47,7 @@ import torch
 
 from esreason.es.apply import copy_tensor, perturb_tensor, update_tensor
 from esreason.es.noise import numel_of, tensor_seed
+from esreason.es.sharded import Sharding
 
 # Qwen2.5 configurations (config.json of each hub model).
 MODELS = {
@@ -113,7 +117,14 @@ def device_update(p, master, name, seeds, weights, alpha):
     return float(update_tensor(p, name, seeds, weights, alpha, master=master))
 
 
-PATHS = {"host": (host_perturb, host_update), "device": (device_perturb, device_update)}
+def sharded_update(p, master, name, seeds, weights, alpha):
+    """One engine's part of the sharded update (its own members, one shard); the all-reduce
+    between engines is not run here (no second device) and is costed by the cost model."""
+    return float(update_tensor(p, name, seeds, weights, alpha, master=master, sharding=Sharding(1, (0,))))
+
+
+PATHS = {"host": (host_perturb, host_update), "device": (device_perturb, device_update),
+         "sharded": (device_perturb, sharded_update)}
 
 
 # ------------------------------------------------------------------ timing
@@ -222,6 +233,11 @@ BYTES = {
     "restore": 4 + 2,      # read master, write weight
     "accumulate": 4 * 3,   # acc.add_(eps): read acc and eps, write acc (per member)
     "apply": 4 * 12,       # acc scale, fp32 copy of the old weight, master add, weight write, squared change
+    # the sharded update (esreason.es.sharded), per engine:
+    "zeros": 4,            # the fp32 accumulator's initial zeros
+    "quantize": 4 + 8,     # fp32 partial -> int64 (weights pre-scaled by 2**s)
+    "dequantize": 8 + 4 + 4 + 4,  # int64 -> fp32, then one multiply
+    "allreduce_element": 8,       # int64 per element on the wire (NVLink), ring: 2 (E-1)/E of it
 }
 
 
@@ -238,19 +254,24 @@ def cost_model(params: int, host_samples_per_s: float, gpu: dict = GPU, setting:
     host_noise = (draws * params / host_samples_per_s                           # host RNG
                   + (members + 1) * 4 * params / gpu["pcie_bytes_per_s"]       # directions / delta over PCIe
                   + elementwise)
-    # What-if (not implemented): each engine accumulates only its own members' directions and
-    # the engines all-reduce the fp32 partial sums (ring: 2 (E-1)/E x 4 P bytes over NVLink).
+    # Sharded (backend.update: sharded): each engine draws and accumulates only its own members
+    # (again for the update: no direction cache at this size), quantizes once, the engines
+    # all-reduce int64 block sums over NVLink (ring: 2 (E-1)/E x 8 P bytes per engine), and every
+    # engine dequantizes and applies. The trainer's reference update (all N directions, on its
+    # own GPU) runs in a background thread during the next generation: off the critical path.
     e = setting["engines"]
-    sharded = (2 * members * params / gpu["device_rng_samples_per_s"]
-               + params * (members * (BYTES["perturb"] + BYTES["restore"] + BYTES["accumulate"]) + BYTES["apply"]) / mem
-               + 2 * (e - 1) / e * 4 * params / gpu["nvlink_bytes_per_s"])
+    sharded_draws = 2 * members
+    sharded_elementwise = params * (members * (BYTES["perturb"] + BYTES["restore"] + BYTES["accumulate"])
+                                    + BYTES["zeros"] + BYTES["quantize"] + BYTES["dequantize"] + BYTES["apply"]) / mem
+    allreduce = 2 * (e - 1) / e * BYTES["allreduce_element"] * params / gpu["nvlink_bytes_per_s"]
+    sharded = sharded_draws * params / gpu["device_rng_samples_per_s"] + sharded_elementwise + allreduce
     return {"parameters": params, "members_per_engine": members,
             "generation_tokens_per_s": tokens_per_s, "generation_s": generation,
             "device": {"noise_s": device_noise, "projected_overhead_share": device_noise / (device_noise + generation)},
             "host": {"noise_s": host_noise, "host_rng_samples_per_s": host_samples_per_s,
                      "projected_overhead_share": host_noise / (host_noise + generation)},
-            "what_if_sharded_update": {"implemented": False, "noise_s": sharded,
-                                       "projected_overhead_share": sharded / (sharded + generation)}}
+            "sharded": {"implemented": True, "noise_s": sharded, "allreduce_s": allreduce,
+                        "projected_overhead_share": sharded / (sharded + generation)}}
 
 
 def sensitivity(params: int, host_sps: float) -> list[dict]:
@@ -259,7 +280,8 @@ def sensitivity(params: int, host_sps: float) -> list[dict]:
         for tokens in (256, 512, 1024):
             cm = cost_model(params, host_sps, {**GPU, "decode_efficiency": eff}, {**SETTING, "response_tokens": tokens})
             rows.append({"decode_efficiency": eff, "response_tokens": tokens,
-                         "projected_overhead_share": round(cm["device"]["projected_overhead_share"], 4)})
+                         "projected_overhead_share": round(cm["sharded"]["projected_overhead_share"], 4),
+                         "replicated": round(cm["device"]["projected_overhead_share"], 4)})
     return rows
 
 
@@ -284,20 +306,25 @@ def main() -> None:
     result = {"device": str(device), "torch": torch.__version__, "threads": args.threads,
               "population": args.population, "gpu": GPU, "setting": SETTING, "bytes_per_parameter": BYTES, "models": {}}
     for name in models:
-        row = {path: time_model(name, path, device, args.population) for path in PATHS}
+        members = max(1, args.population // SETTING["engines"])  # a sharded engine sums only its own members
+        row = {path: time_model(name, path, device, members if path == "sharded" else args.population)
+               for path in PATHS}
         if not args.no_memory:
             for path in PATHS:
                 row[path].update(memory(name, path))
         host, dev = row["host"], row["device"]
         row["ratios"] = {"seconds_per_member_host_over_device": host["seconds_per_member_perturb_restore"]
                          / dev["seconds_per_member_perturb_restore"],
-                         "seconds_per_update_host_over_device": host["seconds_per_update"] / dev["seconds_per_update"]}
+                         "seconds_per_update_host_over_device": host["seconds_per_update"] / dev["seconds_per_update"],
+                         "seconds_per_update_device_over_sharded_engine":
+                             dev["seconds_per_update"] / row["sharded"]["seconds_per_update"]}
         if not args.no_memory:
             row["ratios"]["peak_extra_memory_host_over_device"] = host["peak_extra_mb"] / max(dev["peak_extra_mb"], 1.0)
         params = dev["parameters"]
         row["cost_model"] = cost_model(params, host["samples_per_s"])
-        row["cost_model"]["sensitivity_device_path"] = sensitivity(params, host["samples_per_s"])
-        row["projected_overhead_share"] = row["cost_model"]["device"]["projected_overhead_share"]
+        row["cost_model"]["sensitivity"] = sensitivity(params, host["samples_per_s"])
+        row["projected_overhead_share"] = row["cost_model"]["sharded"]["projected_overhead_share"]
+        row["projected_overhead_share_replicated"] = row["cost_model"]["device"]["projected_overhead_share"]
         row["target_met"] = row["projected_overhead_share"] <= 0.05
         result["models"][name] = row
     print(json.dumps(result, indent=1))

@@ -58,6 +58,14 @@ def test_cost_model_arithmetic():
     assert cm["device"]["projected_overhead_share"] == pytest.approx(share)
     # the host path draws the same samples at host speed: far slower
     assert cm["host"]["noise_s"] > 10 * cm["device"]["noise_s"]
+    # sharded: own members drawn twice, their bytes, one int64 all-reduce over NVLink
+    b, e = noise.BYTES, setting["engines"]
+    elementwise = params * (members * (b["perturb"] + b["restore"] + b["accumulate"]) + b["zeros"] + b["quantize"]
+                            + b["dequantize"] + b["apply"]) / (gpu["hbm_bytes_per_s"] * gpu["elementwise_efficiency"])
+    wire = 2 * (e - 1) / e * 8 * params / gpu["nvlink_bytes_per_s"]
+    want = 2 * members * params / gpu["device_rng_samples_per_s"] + elementwise + wire
+    assert cm["sharded"]["noise_s"] == pytest.approx(want) and cm["sharded"]["allreduce_s"] == pytest.approx(wire)
+    assert cm["sharded"]["projected_overhead_share"] < cm["device"]["projected_overhead_share"]
     # a longer response or a slower vLLM lowers the share; the share is independent of P
     rows = {(r["decode_efficiency"], r["response_tokens"]): r["projected_overhead_share"]
             for r in noise.sensitivity(params, 1e8)}
@@ -65,6 +73,21 @@ def test_cost_model_arithmetic():
     assert rows[(0.25, 512)] < rows[(0.5, 512)] < rows[(1.0, 512)]
     assert noise.cost_model(7 * params, 1e8)["device"]["projected_overhead_share"] == \
         pytest.approx(cm["device"]["projected_overhead_share"])
+    assert noise.cost_model(7 * params, 1e8)["sharded"]["projected_overhead_share"] == \
+        pytest.approx(cm["sharded"]["projected_overhead_share"])
+
+
+def test_sharded_path_is_one_engines_share_of_the_same_update():
+    shape = (96, 64)
+    got = {}
+    for path in ("device", "sharded"):
+        perturb, update = noise.PATHS[path]
+        p = torch.ones(shape, dtype=torch.bfloat16)
+        master = torch.ones(shape, dtype=torch.float32)
+        update(p, master, "w", [5, 6, 7], [1.0, -0.5, 2.0], 1e-2)
+        got[path] = master
+    assert torch.allclose(got["device"], got["sharded"], rtol=0, atol=1e-8)
+    assert not torch.equal(got["sharded"], torch.ones(shape))
 
 
 def test_gpu_script_refuses_without_cuda():

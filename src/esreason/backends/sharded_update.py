@@ -140,9 +140,12 @@ class ShardedUpdate:
         return float(norm)
 
     def close(self) -> None:
-        """Finish the reference's update and drop the store."""
+        """Finish the reference's update and drop the store (an error in that update is logged:
+        close runs while unwinding, and must not hide the error that stopped the run)."""
         try:
             self.wait_reference()
+        except Exception as exc:  # noqa: BLE001 - reported, the pool is being torn down
+            log.error("ray pool: the trainer's background update failed: %s", exc)
         finally:
             self._executor.shutdown(wait=True)
             self.store = None

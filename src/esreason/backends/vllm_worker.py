@@ -21,6 +21,11 @@ on the GPU by its own generator and every operation runs there, block by block
 (:mod:`esreason.es.apply`, the same functions HFPolicy uses): no parameter-sized host
 tensor and no host-to-device copy of a direction.
 
+Sharded update (``backend.update: sharded``): :meth:`es_join_group` joins the pool's
+stateless process group (:mod:`esreason.backends.collective`: NCCL on GPUs, gloo on CPU,
+never vLLM's own group) and :meth:`es_update_sharded` sums this engine's shards and
+all-reduces each block (:mod:`esreason.es.sharded`).
+
 vLLM on CPU pre-packs linear weights for oneDNN / AMX kernels and drops the plain
 tensor; in-place updates would not reach the packed copy. On CPU, :meth:`es_setup`
 therefore re-materialises plain weights from the checkpoint and routes those layers

@@ -5,6 +5,7 @@
 - :mod:`~esreason.es.population` — who is in the population: seeds and signs (one/two-point).
 - :mod:`~esreason.es.shaping` — z-score / none / rank reward shaping.
 - :mod:`~esreason.es.update` — alpha/N sum_i w_i eps_i, accumulated in fp32 per block.
+- :mod:`~esreason.es.sharded` — the sharded update: per-shard sums added exactly in int64 fixed point.
 - :mod:`~esreason.es.apply` — perturb / subtract / copy / update of one tensor on its device (HF and vLLM).
 - :mod:`~esreason.es.params` — perturb / exact restore / update of a module's parameters.
 - :mod:`~esreason.es.lowrank` — EGGROLL low-rank directions.
