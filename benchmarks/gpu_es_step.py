@@ -9,6 +9,10 @@ character tokenizer), one :class:`esreason.backends.vllm.VLLMEngine` runs, side 
 - ``es_step``: N members (perturb on the GPU, generate, restore), then the update from N
   seeds and z-scored weights -- what ``backend.type: vllm`` does per update.
 
+Also timed: one engine's part of the sharded update (``backend.update: sharded``) in a pool of
+``--engines`` engines -- its N / E members summed, quantized and applied; the all-reduce needs
+several GPUs and is priced by the cost model -- and the per-engine noise share it implies.
+
 Every member generates exactly ``--tokens`` tokens (``ignore_eos``), so both sides decode the
 same number of tokens and the difference is the ES work. Also measured: the torch.randn
 throughput of this GPU (samples/s, the cost model's ``device_rng_samples_per_s`` in
@@ -81,6 +85,7 @@ def rng_samples_per_s(device: str = "cuda", n: int = 1 << 28, repeats: int = 5) 
 
 
 def measure(name: str, args: argparse.Namespace) -> dict:
+    from esreason.backends.collective import GroupSpec
     from esreason.backends.engine import policy_state
     from esreason.backends.hf import HFPolicy, load_model
     from esreason.backends.vllm import VLLMEngine, VLLMEngineOptions
@@ -134,13 +139,25 @@ def measure(name: str, args: argparse.Namespace) -> dict:
             phases["update"] = time.perf_counter() - t0
             es_step_s = time.perf_counter() - t_step
             after = engine._rpc("es_device_memory")
+            # One engine's part of backend.update=sharded in a pool of --engines: its shard of the
+            # members, quantized and applied (a group of one: the all-reduce is the cost model's).
+            engine.join_group(GroupSpec("127.0.0.1", 0, "gpu-es-step", 0, 1))
+            t0 = time.perf_counter()
+            engine.apply_update_sharded(pop.seeds, [float(w) for w in weights], 2.5e-4, args.engines, [0])
+            sharded_update_s = time.perf_counter() - t0
         finally:
             engine.close()
+    share = args.population // args.engines / args.population  # this engine's fraction of the members
+    member_noise = (phases["perturb"] + phases["restore"]) * share
+    engine_noise = member_noise + sharded_update_s
     return {"source": source if args.hub else f"random weights, {name} shapes", "population": args.population,
             "prompts": args.prompts, "tokens_per_member": args.tokens, "centre": engine.setup.get("centre"),
             "inference_s": inference_s, "inference_tokens": tokens_inf, "es_step_s": es_step_s,
             "es_phases_s": phases, "overhead_share": (es_step_s - inference_s) / es_step_s,
             "noise_share": (phases["perturb"] + phases["restore"] + phases["update"]) / es_step_s,
+            "sharded": {"engines": args.engines, "engine_update_s": sharded_update_s,
+                        "engine_noise_share_without_allreduce":
+                            engine_noise / (engine_noise + phases["generate"] * share)},
             "es_peak_extra_bytes": after["max_allocated"] - before["allocated"], "worker_memory": after}
 
 
@@ -148,6 +165,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"], choices=sorted(ARCH))
     ap.add_argument("--population", type=int, default=32)
+    ap.add_argument("--engines", type=int, default=8, help="pool size for the sharded update's per-engine part")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)

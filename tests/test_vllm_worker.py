@@ -195,6 +195,11 @@ VLLM_SCRIPT = textwrap.dedent('''
         eng.export(out)
         eng.load_state(state)
         res["reloaded"] = eng.checksum()
+        # the sharded update's RPCs: a group of one engine computing both of 2 shards
+        from esreason.backends.collective import GroupSpec
+        eng.join_group(GroupSpec("127.0.0.1", 0, "t", 0, 1))
+        res["sharded_norm"] = eng.apply_update_sharded([1, 2, 3], [0.5, -1.0, 0.25], 0.01, 2, [0, 1])
+        res["sharded"] = eng.checksum()
         print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -254,6 +259,12 @@ def test_vllm_cpu_engine_matches_hf_policy(tmp_path):
     policy.restore()
     assert policy.apply_update([1, 2, 3], [0.5, -1.0, 0.25], 0.01) == pytest.approx(res["norm"], rel=1e-9)
     assert res["moved"] == policy_checksum(policy)
+    from esreason.es.sharded import Sharding
+
+    sharded_policy = HFPolicy(*load_model(str(ckpt)))
+    assert sharded_policy.apply_update([1, 2, 3], [0.5, -1.0, 0.25], 0.01, Sharding.local(2)) == \
+        pytest.approx(res["sharded_norm"], rel=1e-9)
+    assert res["sharded"] == policy_checksum(sharded_policy) != res["start"]
     exported, _ = load_model(str(tmp_path / "out"))  # a plain HF checkpoint (fused tensors split back)
     want, got = model.state_dict(), exported.state_dict()
     assert set(want) == set(got)
