@@ -31,3 +31,13 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One small local Ray instance (2 CPUs, no GPU) per test module that asks for it (startup ~10 s)."""
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()

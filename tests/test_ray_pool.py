@@ -14,28 +14,12 @@ import numpy as np
 import pytest
 
 from esreason.errors import UserError
+from ray_helpers import tiny_es_cfg
 
 import ray  # noqa: E402  (part of the dev extra: not skipped when missing)
 
 from esreason.backends.engine import HFEngineOptions, policy_checksum, policy_state  # noqa: E402
 from esreason.backends.ray_pool import RayEnginePool, check_address, import_ray  # noqa: E402
-
-
-def tiny_es_cfg(*extra: str):
-    from esreason.config import load_config
-
-    return load_config(None, [
-        "model=demo", "task=demo-add", "train.limit=16", "train.batch_size=4", "train.max_steps=2",
-        "es.population_size=4", "es.sigma=0.003", "es.alpha=0.002", "generation.max_new_tokens=48",
-        "generation.temperature=0.7", "checkpoint.every=0", *extra])
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    """One small local Ray instance for the module (startup ~10 s)."""
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level="WARNING")
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -18,22 +18,7 @@ import ray  # part of the dev extra
 from esreason.backends.engine import policy_checksum
 from esreason.backends.ray_pool import RayEnginePool
 from esreason.errors import UserError
-
-
-def tiny_cfg(*extra: str):
-    from esreason.config import load_config
-
-    return load_config(None, [
-        "model=demo", "task=demo-add", "train.limit=16", "train.batch_size=4", "train.max_steps=2",
-        "es.population_size=4", "es.sigma=0.003", "es.alpha=0.002", "generation.max_new_tokens=48",
-        "generation.temperature=0.7", "checkpoint.every=0", *extra])
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level="WARNING")
-    yield ray
-    ray.shutdown()
+from ray_helpers import tiny_es_cfg
 
 
 def _policy(cfg):
@@ -63,16 +48,16 @@ def _train(cfg, policy, evaluator, out: Path):
 
 def test_sharded_needs_the_ray_backend():
     with pytest.raises(UserError, match="backend.update.*needs backend.type=ray"):
-        tiny_cfg("backend.update=sharded")
+        tiny_es_cfg("backend.update=sharded")
     with pytest.raises(UserError, match="backend.update"):
-        tiny_cfg("backend.type=ray", "backend.update=halved")
+        tiny_es_cfg("backend.type=ray", "backend.update=halved")
 
 
 def test_sharded_pool_trains_with_engines_identical_to_the_trainer(ray_local, tmp_path):
     from esreason.es_loop.select import build_evaluator
     from esreason.es.sharded import Sharding
 
-    cfg = tiny_cfg("backend.type=ray", "backend.engines=2", "backend.check_every=1", "backend.update=sharded")
+    cfg = tiny_es_cfg("backend.type=ray", "backend.engines=2", "backend.check_every=1", "backend.update=sharded")
     policy = _policy(cfg)
     pool = build_evaluator(cfg, policy, None, policy.tokenizer)
     try:
@@ -105,7 +90,7 @@ def test_sharded_pool_trains_with_engines_identical_to_the_trainer(ray_local, tm
     assert math.isclose(n_sh, n_rep, rel_tol=1e-5)
 
     # and it trains like the replicated update: same first-step rewards, same-size updates
-    ref = _train(tiny_cfg(), _policy(cfg), None, tmp_path / "replicated")
+    ref = _train(tiny_es_cfg(), _policy(cfg), None, tmp_path / "replicated")
     assert sharded[0]["reward/mean"] == ref[0]["reward/mean"]
     assert math.isclose(sharded[0]["update_norm"], ref[0]["update_norm"], rel_tol=1e-5)
     assert all(m["update_norm"] > 0 for m in sharded)
