@@ -213,7 +213,7 @@ GPU = {
                           "RTX 5080); we take 80% of HBM / 4 B. To be replaced by the measured value "
                           "(benchmarks/gpu_es_step.py prints it)"),
     "nvlink_bytes_per_s": 4.5e11,
-    "nvlink_source": "NVIDIA H100 datasheet: NVLink 900 GB/s total, i.e. 450 GB/s per direction (what-if row only)",
+    "nvlink_source": "NVIDIA H100 datasheet: NVLink 900 GB/s total, i.e. 450 GB/s per direction (the sharded update's all-reduce)",
     "pcie_bytes_per_s": 5.0e10,
     "pcie_source": "assumption: PCIe Gen5 x16, 64 GB/s per direction theoretical, ~50 GB/s achieved (host path only)",
     "decode_efficiency": 0.5,

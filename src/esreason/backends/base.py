@@ -111,6 +111,11 @@ class PopulationEvaluator(Protocol):
     member at a time on an :class:`PerturbablePolicy`), the population-batched evaluator
     and the Ray engine pool (``backend.type``). Every implementation must return the same
     rewards as the sequential reference for the same seeds.
+
+    Optional (the Ray pool with ``backend.update: sharded``): ``owns_update`` True means the
+    trainer calls ``apply_update(seeds, weights, alpha, step) -> norm`` instead of updating its
+    own centre and calling :meth:`after_update`; the evaluator then updates the trainer's centre
+    in the background and ``wait_reference()`` joins that before the trainer reads it.
     """
 
     def evaluate(self, population: Any, sigma: float, prompts: Sequence[str], golds: Sequence[Any],
