@@ -93,3 +93,17 @@ def test_pretrain_quick_is_reproducible(tmp_path):
     assert pretrain_main(["--quick", "--seed", "1", "--output", str(tmp_path / "c")]) == 0
     assert hash_directory_safetensors(tmp_path / "c") != hash_directory_safetensors(tmp_path / "a")
     AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+
+
+def test_pretrain_demo_through_the_cli_takes_its_options(tmp_path, capsys):
+    """`esreason pretrain-demo --output DIR ...` (its options used to be swallowed by the top parser)."""
+    from esreason.cli import main as cli_main
+
+    assert cli_main(["pretrain-demo", "--quick", "--output", str(tmp_path / "a")]) == 0
+    assert hash_directory_safetensors(tmp_path / "a")  # a model was written where asked
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["pretrain-demo", "--help"])
+    assert exc.value.code == 0 and "--steps" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["pretrain-demo", "--steps", "x"])
+    assert exc.value.code == 2

@@ -14,6 +14,16 @@ from pathlib import Path
 from esreason.errors import UserError
 
 
+def add_pretrain_arguments(ap: argparse.ArgumentParser) -> None:
+    """Options of ``esreason pretrain-demo`` (here, so building the CLI imports no torch); None
+    defaults resolve to the recipe's in :func:`esreason.embedded.pretrain.run`."""
+    ap.add_argument("--output", default=None, help="model directory to write (default: the packaged "
+                    "embedded default, src/esreason/assets/demo)")
+    ap.add_argument("--steps", type=int, default=None, help="AdamW steps (default: the recipe's, docs/embedded.md)")
+    ap.add_argument("--seed", type=int, default=None, help="seed (default: the recipe's, 0)")
+    ap.add_argument("--quick", action="store_true", help="a tiny run (smoke test; a useless model)")
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from esreason.info import run_info
 
@@ -21,9 +31,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain_demo(args: argparse.Namespace) -> int:
-    from esreason.embedded.pretrain import main as pretrain_main
+    from esreason.embedded.pretrain import run
 
-    return pretrain_main(args.pretrain_args)
+    return run(args)
 
 
 def _default_output(config: str | None, kind: str) -> Path:
@@ -68,9 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("pretrain-demo", help="(re)train the embedded default by SFT on the synthetic tasks",
-                       add_help=False)
-    p.add_argument("pretrain_args", nargs=argparse.REMAINDER,
-                   help="arguments of the pretraining script (see `esreason pretrain-demo --help`)")
+                       description="Train the embedded default by SFT on the synthetic tasks (CPU).")
+    add_pretrain_arguments(p)
     p.set_defaults(func=_cmd_pretrain_demo)
 
     train = sub.add_parser("train", help="post-train a model").add_subparsers(

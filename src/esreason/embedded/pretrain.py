@@ -132,19 +132,24 @@ def pretrain(cfg: PretrainConfig, out_dir: str | Path, log_every: int = 100) -> 
     return metrics
 
 
+def run(args: argparse.Namespace) -> int:
+    """Pretrain with parsed :func:`esreason.cli.add_pretrain_arguments` options and print the metrics as JSON."""
+    seed = PretrainConfig.seed if args.seed is None else args.seed
+    output = str(ASSET_DIR) if args.output is None else args.output
+    if args.quick:
+        cfg = PretrainConfig(steps=3, batch_size=4, warmup=1, seed=seed,
+                             arch=TinyArch(hidden=32, layers=1, heads=2, kv_heads=2, intermediate=64))
+    else:
+        cfg = PretrainConfig(steps=PretrainConfig.steps if args.steps is None else args.steps, seed=seed)
+    metrics = pretrain(cfg, output, log_every=0 if args.quick else 100)
+    print(json.dumps({"output": output, **metrics}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="esreason pretrain-demo",
                                  description="Train the embedded default by SFT on the synthetic tasks (CPU).")
-    ap.add_argument("--output", default=str(ASSET_DIR), help=f"model directory to write (default: {ASSET_DIR})")
-    ap.add_argument("--steps", type=int, default=PretrainConfig.steps)
-    ap.add_argument("--seed", type=int, default=PretrainConfig.seed)
-    ap.add_argument("--quick", action="store_true", help="a tiny run (smoke test; a useless model)")
-    args = ap.parse_args(argv)
-    if args.quick:
-        cfg = PretrainConfig(steps=3, batch_size=4, warmup=1, seed=args.seed,
-                             arch=TinyArch(hidden=32, layers=1, heads=2, kv_heads=2, intermediate=64))
-    else:
-        cfg = PretrainConfig(steps=args.steps, seed=args.seed)
-    metrics = pretrain(cfg, args.output, log_every=0 if args.quick else 100)
-    print(json.dumps({"output": args.output, **metrics}))
-    return 0
+    from esreason.cli import add_pretrain_arguments
+
+    add_pretrain_arguments(ap)
+    return run(ap.parse_args(argv))
