@@ -9,7 +9,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from esreason import tasks, verifiers
 from esreason.embedded import build_tokenizer, demo_model_dir, safe_decode
-from esreason.embedded.pretrain import main as pretrain_main
 from esreason.io import hash_directory_safetensors
 from esreason.tasks.synthetic import demo_problems, solution_text
 
@@ -87,6 +86,11 @@ def test_shipped_model_loads_and_answers_in_format():
 
 
 def test_pretrain_quick_is_reproducible(tmp_path):
+    from esreason.cli import main as cli_main
+
+    def pretrain_main(argv):
+        return cli_main(["pretrain-demo", *argv])
+
     assert pretrain_main(["--quick", "--output", str(tmp_path / "a")]) == 0
     assert pretrain_main(["--quick", "--output", str(tmp_path / "b")]) == 0
     assert hash_directory_safetensors(tmp_path / "a") == hash_directory_safetensors(tmp_path / "b")

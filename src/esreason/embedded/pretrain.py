@@ -144,12 +144,3 @@ def run(args: argparse.Namespace) -> int:
     metrics = pretrain(cfg, output, log_every=0 if args.quick else 100)
     print(json.dumps({"output": output, **metrics}))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="esreason pretrain-demo",
-                                 description="Train the embedded default by SFT on the synthetic tasks (CPU).")
-    from esreason.cli import add_pretrain_arguments
-
-    add_pretrain_arguments(ap)
-    return run(ap.parse_args(argv))
