@@ -55,7 +55,9 @@ class ESTrainer:
     heldout: optional callable(step) -> dict of held-out metrics.
     evaluator: the population evaluator (``backend.type``; default: the sequential
     reference on ``policy``). The trainer's ``policy`` always holds the authoritative
-    centre: it applies every update and writes the checkpoints.
+    centre and writes the checkpoints; it applies every update itself, except with a sharded
+    Ray pool (``evaluator.owns_update``), which updates it in the background
+    (:meth:`wait_reference` joins that before the policy is read).
     """
 
     def __init__(self, cfg: RunConfig, policy: HFPolicy, generator: Generator,
