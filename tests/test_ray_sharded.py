@@ -94,3 +94,22 @@ def test_sharded_pool_trains_with_engines_identical_to_the_trainer(ray_local, tm
     assert sharded[0]["reward/mean"] == ref[0]["reward/mean"]
     assert math.isclose(sharded[0]["update_norm"], ref[0]["update_norm"], rel_tol=1e-5)
     assert all(m["update_norm"] > 0 for m in sharded)
+
+
+def test_an_engine_lost_while_the_group_forms_is_dropped(ray_local):
+    """The live engine's join times out (5 s here) waiting for its dead peer; the pool drops the
+    dead one, forms a group of one and the update still equals the trainer's."""
+    from esreason.backends.engine import HFEngineOptions, policy_state
+
+    cfg = tiny_es_cfg()
+    policy = _policy(cfg)
+    pool = RayEnginePool("hf", HFEngineOptions(threads=1), policy_state(policy), 2, reference=policy,
+                         check_every=1, update="sharded", collective_timeout_s=5)
+    try:
+        ray.kill(pool.slots[1].actor, no_restart=True)  # before the first group forms
+        pool.apply_update([1, 2, 3, 4], [1.0, -0.5, 0.5, -1.0], 0.002, step=0)
+        assert pool.stats.lost_engines == 1 and pool.sharded.failures == 0
+        assert pool.sharded.members is not None and len(pool.sharded.members) == 1
+        assert set(pool.checksums().values()) == {policy_checksum(policy)}
+    finally:
+        pool.close()

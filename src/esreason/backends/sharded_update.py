@@ -66,12 +66,20 @@ class ShardedUpdate:
         refs = [slot.actor.join_group.remote(spec) for slot, spec in zip(slots, specs)]
         try:
             ray.get(refs)
-        except ray.exceptions.RayActorError as exc:
-            for slot, ref in zip(slots, refs):  # find and drop the dead one(s), then try again
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+            # An engine died while joining; the live ones fail once the store times out. Drop the
+            # dead (RayActorError) and build the group again over the rest.
+            lost = 0
+            for slot, ref in zip(slots, refs):
                 try:
-                    ray.get(ref, timeout=0)
-                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
                     pool._lose(slot, exc)
+                    lost += 1
+                except ray.exceptions.RayTaskError:
+                    pass  # alive; its join failed because a peer was missing
+            if not lost:
+                raise RuntimeError(f"ray pool: the engines could not form group {self.generation}") from None
             self.members = None
             self._ensure_group()
             return
