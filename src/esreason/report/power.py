@@ -33,7 +33,7 @@ import numpy as np
 
 from esreason.report.cells import Cell
 from esreason.report.load import Experiment, evaluated
-from esreason.report.stats import paired_difference
+from esreason.report.stats import metric_column, paired_difference
 
 Z_ALPHA = 1.959964  # two-sided 0.05
 Z_POWER = 0.841621  # power 0.80
@@ -72,12 +72,8 @@ class TaskMDD:
 
 
 def _values(rows: dict[str, dict[str, Any]], ids: Sequence[str]) -> np.ndarray:
-    out = np.full(len(ids), np.nan)
-    for i, pid in enumerate(ids):
-        v = rows[pid].get(METRIC)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[i] = float(v)
-    return out
+    """Per-problem Pass@1 in ``ids`` order (NaN where missing)."""
+    return metric_column(rows, ids, METRIC)
 
 
 def task_mdds(exp: Experiment) -> list[TaskMDD]:

@@ -60,7 +60,8 @@ def bootstrap_task_average(per_task: dict[str, np.ndarray], level: float = 0.95,
     return float(lo), float(hi)
 
 
-def _column(rows: dict[str, dict], ids: Sequence[str], metric: str) -> np.ndarray:
+def metric_column(rows: dict[str, dict], ids: Sequence[str], metric: str) -> np.ndarray:
+    """Per-problem ``metric`` values in ``ids`` order as float64 (NaN where missing or not a number)."""
     out = np.full(len(ids), np.nan)
     for i, pid in enumerate(ids):
         v = rows[pid].get(metric)
@@ -92,7 +93,7 @@ def average(exp: ExperimentView, method: str, tasks: Sequence[str], metric: str)
         rows = exp.problems(method, t)
         if rows is None:
             return Cell(value, None, None, len(tasks))
-        per_task[t] = _column(rows, list(rows), metric)  # file order, as the evaluation resampled it
+        per_task[t] = metric_column(rows, list(rows), metric)  # file order, as the evaluation resampled it
     level, resamples, seed = exp.bootstrap_settings()
     lo, hi = bootstrap_task_average(per_task, level, resamples, seed)
     return Cell(value, lo, hi, len(tasks))
@@ -122,7 +123,7 @@ def paired_difference(exp: ExperimentView, method: str, base: str, tasks: Sequen
         ids = [pid for pid in rows_m if pid in rows_b]
         if not ids:
             return Cell(value, None, None, len(tasks))
-        per_task[t] = _column(rows_m, ids, metric) - _column(rows_b, ids, metric)
+        per_task[t] = metric_column(rows_m, ids, metric) - metric_column(rows_b, ids, metric)
     level, resamples, seed = exp.bootstrap_settings()
     lo, hi = bootstrap_task_average(per_task, level, resamples, seed)
     return Cell(value, lo, hi, len(tasks))
