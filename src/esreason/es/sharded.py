@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -110,7 +110,7 @@ def quantize(scaled: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(total: torch.Tensor, shift: int, scale: float = 1.0) -> torch.Tensor:
-    """float32(total) * (scale * 2**-shift): [n] fp32 from [n] int64 (one rounding, then one exact-ish multiply)."""
+    """float32(total) * (scale * 2**-shift): [n] fp32 from [n] int64 (two roundings, the same everywhere)."""
     return total.to(torch.float32).mul_(scale * 2.0 ** -shift)
 
 
@@ -131,32 +131,38 @@ def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weig
     """
     if len(seeds) != len(weights):
         raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
-    n_members, device = len(seeds), p.device
-    shift = fixed_point_shift(weights)
-    per_shard = [_shard_weights(seeds, weights, sharding.num_shards, k, shift or 0) for k in sharding.shards]
+    device = p.device
     if rank is None:
-        spans = [(start, stop, (b,)) for b, start, stop in block_spans(p.numel())]
+        spans = [(start, stop, b) for b, start, stop in block_spans(p.numel())]
     else:
         m, n = int(p.shape[0]), int(p.shape[1])
-        factors = [stacked_factors(name, (m, n), s, w, rank, cache, device=device) for s, w in per_shard]
         spans = [(r0 * n, r1 * n, (r0, r1)) for r0, r1 in row_chunks(m, n)]
-    for start, stop, where in spans:
-        if shift is None:  # every weight 0: every engine knows it, so none enters a collective
+    shift = fixed_point_shift(weights)
+    if shift is None:  # every weight 0: every engine knows it, so none enters a collective
+        for start, stop, _ in spans:
             yield start, stop, torch.zeros(stop - start, dtype=torch.float32, device=device)
-            continue
-        total: torch.Tensor | None = None  # [piece] int64
-        for k, (s, w) in enumerate(per_shard):
-            if rank is None:
-                scaled = weighted_block_sum(name, where[0], stop - start, s, w, device=device, cache=cache)
-            elif factors[k] is None:
-                continue
-            else:
-                left, right = factors[k]  # [m, K r], [n, K r] fp32, weights already scaled by 2**s
-                scaled = torch.mm(left[where[0]:where[1]], right.t()).view(-1)  # [rows*n] fp32
-            q = quantize(scaled)  # [piece] int64
-            total = q if total is None else total.add_(q)
+        return
+    shards = [_shard_weights(seeds, weights, sharding.num_shards, k, shift) for k in sharding.shards]
+    if rank is not None:  # per shard: stacked factors [m, K r], [n, K r] fp32 (weights scaled by 2**s), or None
+        factors = [stacked_factors(name, (m, n), s, w, rank, cache, device=device) for s, w in shards]
+
+    def scaled_partial(k: int, where: Any, size: int) -> torch.Tensor | None:
+        """Shard k's piece of sum_i (w_i 2**s) E_i: [size] fp32 (None: a low-rank shard with no weight)."""
+        if rank is None:
+            return weighted_block_sum(name, where, size, *shards[k], device=device, cache=cache)
+        if factors[k] is None:
+            return None
+        left, right = factors[k]
+        return torch.mm(left[where[0]:where[1]], right.t()).view(-1)  # [rows*n] fp32
+
+    for start, stop, where in spans:
+        total: torch.Tensor | None = None  # [piece] int64; the first shard's sum is used in place
+        for k in range(len(shards)):
+            partial = scaled_partial(k, where, stop - start)
+            if partial is not None:
+                total = quantize(partial) if total is None else total.add_(quantize(partial))
         if total is None:  # no shard here (more engines than shards) or only zero-weight members
             total = torch.zeros(stop - start, dtype=torch.int64, device=device)
         if sharding.reduce is not None:
             sharding.reduce(total)
-        yield start, stop, dequantize(total, shift, alpha / n_members)  # [piece] fp32
+        yield start, stop, dequantize(total, shift, alpha / len(seeds))  # [piece] fp32
