@@ -4,6 +4,8 @@
   trains what is missing, evaluates everything, resumable (:mod:`esreason.experiments.runner`)
 - ``sweep``       one config key over several values with the paper's smoothed reward
   trajectories (:mod:`esreason.experiments.sweep`)
+- ``plan FILE --gpus N``  what ``run FILE`` would run where, its tokens, wall time, GPU-hours and
+  memory per GPU, from a table of stated assumptions (:mod:`esreason.experiments.plan`)
 """
 
 from __future__ import annotations
@@ -21,4 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from esreason.experiments.sweep import register as register_sweep
 
     register_sweep(actions)
+    from esreason.experiments.plan import register as register_plan
+
+    register_plan(actions)
     return parser

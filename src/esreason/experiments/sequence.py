@@ -165,10 +165,9 @@ def train_method(method: str, config: Any, out: Path, progress: bool) -> tuple[i
 
         result = run_es(config, out, resume=resume, progress=progress)
         return result.steps, result.final_checkpoint
-    from esreason.grpo.run import run_grpo
+    from esreason.experiments.launch import train_grpo  # in-process, or one process per GPU (accelerate)
 
-    gres = run_grpo(config, out, resume=resume, progress=progress)
-    return gres.steps, gres.final_checkpoint
+    return train_grpo(config, out, resume=resume, progress=progress)
 
 
 def _run_stage(stage: StagePlan, out: Path, progress: bool) -> Path:

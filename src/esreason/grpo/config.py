@@ -73,7 +73,20 @@ class GRPOSettings:
     bf16: bool = False
     """bf16 autocast for the training forward/backward (GPU only; weights stay in `dtype`)."""
     use_vllm: bool = False
-    """Generate rollouts with vLLM in colocate mode (GPU only; needs the trl[vllm] extra)."""
+    """Generate rollouts with vLLM (GPU only; the ``gpu`` extra installs a vLLM TRL supports), as the
+    paper's verl runs did. Works with one process or with P processes under ``accelerate launch``."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """colocate: every training process runs its own vLLM engine on its own GPU (TRL's colocate mode,
+    tensor parallel 1), so P processes give P engines. server: rollouts come from a separately
+    started ``trl vllm-serve`` process (``vllm_server_url``)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """colocate: fraction of each GPU's memory vLLM reserves for its weights and KV cache; the rest
+    is the trainer's (weights, gradients, AdamW state, reference model, activations). TRL's default."""
+    vllm_sleep: bool = False
+    """colocate: put vLLM to sleep (weights and KV cache released) during the optimizer steps and
+    wake it for the next rollout (TRL's ``vllm_enable_sleep_mode``); frees memory for large models."""
+    vllm_server_url: str | None = None
+    """server: base URL of the ``trl vllm-serve`` process (None: TRL's default, port 8000 on this host)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +152,10 @@ def _validate_grpo(cfg: GRPORunConfig) -> None:
     on_gpu = cfg.device.startswith("cuda")
     require(not g.bf16 or on_gpu, "grpo.bf16", "bf16 autocast needs device 'cuda' (keep it false on CPU)")
     require(not g.use_vllm or on_gpu, "grpo.use_vllm", "vLLM rollouts need device 'cuda'")
+    require(0 < g.vllm_gpu_memory_utilization < 1, "grpo.vllm_gpu_memory_utilization",
+            f"must be in (0, 1) (got {g.vllm_gpu_memory_utilization})")
+    require(g.vllm_server_url is None or g.vllm_mode == "server", "grpo.vllm_server_url",
+            f"is used only with grpo.vllm_mode: server (got mode {g.vllm_mode!r})")
 
 
 def validate(cfg: GRPORunConfig) -> None:

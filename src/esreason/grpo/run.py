@@ -150,9 +150,8 @@ def _check_processes(cfg: GRPORunConfig, procs: Processes) -> None:
         raise UserError(f"config key 'eval.every': held-out evaluation during training is not supported with "
                         f"{procs.sharding} sharding (the sampler would run the sharded model on one process); "
                         "set eval.every=0 and evaluate RUN/checkpoints/step_N with `esreason eval`")
-    if procs.distributed and cfg.grpo.use_vllm:
-        raise UserError("config key 'grpo.use_vllm': vLLM colocate rollouts are supported with one process only "
-                        "in esreason (untested with more)")
+    # vLLM rollouts with several processes: colocate runs one engine per process (tensor parallel 1, each
+    # on its process's GPU), server mode has every process ask the one server; both are TRL's code paths.
 
 
 def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchPlan,

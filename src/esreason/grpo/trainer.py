@@ -195,7 +195,7 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
         "max_completion_length": gen.max_new_tokens,
         "generation_kwargs": None,
         "use_vllm": g.use_vllm,
-        "vllm_mode": "colocate",
+        **vllm_args(cfg),
         "vllm_importance_sampling_correction": False,  # verl recomputes old log-probs; no vLLM-vs-trainer IS
         "use_transformers_continuous_batching": False,
         "pad_to_multiple_of": None,
@@ -220,6 +220,25 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
     }
 
 
+def vllm_args(cfg: GRPORunConfig) -> dict[str, Any]:
+    """TRL 1.16's vLLM rollout fields (``GRPOConfig.vllm_*``) for ``grpo.vllm_*``.
+
+    Colocate: one engine per training process with tensor parallel 1, so ``accelerate launch
+    --num_processes P`` gives P engines, one per GPU (TRL passes ``distributed_executor_backend=
+    "external_launcher"`` and seeds engine r with r). vLLM's own context limit is kept (None): the
+    prompt plus ``generation.max_new_tokens`` must fit, which the paper's models' 32k-128k contexts do.
+    """
+    g = cfg.grpo
+    return {
+        "vllm_mode": g.vllm_mode,
+        "vllm_tensor_parallel_size": 1,
+        "vllm_gpu_memory_utilization": g.vllm_gpu_memory_utilization,
+        "vllm_enable_sleep_mode": g.vllm_sleep,
+        "vllm_server_base_url": g.vllm_server_url,
+        "vllm_max_model_length": None,
+        "vllm_model_impl": "vllm",
+    }
+
 
 def checkpointing_field() -> str:
     """TrainingArguments' name for activation recomputation: ``activation_checkpointing`` from
@@ -235,4 +254,4 @@ def make_grpo_config(kwargs: dict[str, Any]) -> GRPOConfig:
 
 
 __all__ = ["EpochSeededRepeatSampler", "PaperGRPOTrainer", "TRL_VERSION", "build_trl_args", "check_trl_version",
-           "epoch_seed", "make_grpo_config"]
+           "epoch_seed", "make_grpo_config", "vllm_args"]

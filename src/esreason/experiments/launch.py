@@ -1,0 +1,172 @@
+"""How a GRPO stage of ``esreason experiment run`` / ``train sequence`` uses the node's GPUs.
+
+Issue 17 ("all GPUs of the node busy"): a GRPO stage on a multi-GPU node runs as P = #GPUs
+processes started by ``accelerate launch`` as a **subprocess** (one process per GPU; never a
+multi-GPU job inside one Python process), each with its own vLLM engine for the rollouts when
+``grpo.use_vllm`` (TRL's colocate mode; :func:`esreason.grpo.trainer.vllm_args`). With one GPU, or
+on the CPU, the stage runs in-process as before.
+
+- P: ``ESREASON_GPUS`` if set (an integer >= 1; also how the CPU twin test asks for 2 gloo
+  processes), else the number of visible CUDA devices for ``device: cuda``, else 1.
+- Sharding (:func:`choose_sharding`): data parallel (DDP, a full replica per GPU) when the training
+  state, vLLM's share and an activation reserve fit one GPU; FSDP2 full sharding otherwise (the
+  paper's 3B and 7B models on 80 GB GPUs).
+- The subprocess gets the stage's resolved config as a YAML file and a generated accelerate config
+  (both under ``RUN/launch/``, with the command line in ``launch.json``), so the run does not
+  depend on files outside the run directory; ``--resume`` is passed when the run has metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from esreason.errors import UserError
+
+GPUS_ENV = "ESREASON_GPUS"
+LAUNCH_DIR = "launch"
+LAUNCHER_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
+#: Fraction of a GPU's memory kept for activations, the CUDA context and allocator slack when
+#: deciding whether a full replica fits (an assumption; the plan states it).
+ACTIVATION_RESERVE = 0.15
+Sharding = Literal["ddp", "fsdp"]
+
+
+def stage_processes(device: str, env: Mapping[str, str] | None = None) -> int:
+    """P for a GRPO stage: ``ESREASON_GPUS``, else the visible CUDA devices (device cuda), else 1."""
+    env = os.environ if env is None else env
+    raw = env.get(GPUS_ENV)
+    if raw is not None and raw.strip():
+        try:
+            n = int(raw)
+        except ValueError:
+            raise UserError(f"{GPUS_ENV}={raw!r}: expected an integer >= 1") from None
+        if n < 1:
+            raise UserError(f"{GPUS_ENV}={raw!r}: expected an integer >= 1")
+        return n
+    if device.startswith("cuda"):
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    return 1
+
+
+def training_state_bytes(params: int, dtype: str, beta: float) -> float:
+    """Bytes of the GRPO training state per full replica: weights, gradients, AdamW moments (fp32)
+    and, with a KL term (beta > 0), the reference model in the same dtype."""
+    width = 4 if dtype == "float32" else 2
+    return params * (width + width + 8 + (width if beta > 0 else 0))
+
+
+def choose_sharding(params: int, dtype: str, beta: float, gpu_memory_bytes: float, vllm_fraction: float) -> Sharding:
+    """DDP when state + vLLM's share + the activation reserve fit one GPU, else FSDP."""
+    need = training_state_bytes(params, dtype, beta) + (vllm_fraction + ACTIVATION_RESERVE) * gpu_memory_bytes
+    return "ddp" if need <= gpu_memory_bytes else "fsdp"
+
+
+def accelerate_config(sharding: Sharding, processes: int) -> dict[str, Any]:
+    """The accelerate config of a one-node launch (what configs/accelerate/*.yaml hold, generated).
+
+    Precision comes from the run config (grpo.bf16), so accelerate's mixed precision stays 'no'.
+    """
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "num_machines": 1,
+        "machine_rank": 0, "num_processes": processes, "gpu_ids": "all", "rdzv_backend": "static",
+        "same_network": True, "main_training_function": "main", "mixed_precision": "no", "downcast_bf16": "no",
+        "use_cpu": False, "enable_cpu_affinity": False, "dynamo_config": {}, "tpu_env": [],
+        "tpu_use_cluster": False, "tpu_use_sudo": False,
+    }
+    if sharding == "fsdp":
+        cfg["distributed_type"] = "FSDP"
+        cfg["fsdp_config"] = {
+            "fsdp_version": 2, "fsdp_reshard_after_forward": True,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_state_dict_type": "FULL_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": False, "fsdp_offload_params": False,
+            "fsdp_activation_checkpointing": False,
+        }
+    return cfg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_command(config_file: Path, accel_file: Path, out: Path, processes: int, port: int,
+                   resume: bool) -> list[str]:
+    """``python -m accelerate.commands.launch ... -m esreason.cli train grpo ...`` for one stage."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accel_file),
+           "--num_processes", str(processes), "--main_process_port", str(port),
+           "-m", "esreason.cli", "train", "grpo", "--config", str(config_file), "--output", str(out), "--no-progress"]
+    return cmd + (["--resume"] if resume else [])
+
+
+def launch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The subprocess's environment: ours without a surrounding launcher's variables."""
+    base = dict(os.environ if env is None else env)
+    for key in LAUNCHER_VARS:
+        base.pop(key, None)
+    return base
+
+
+def _sharding_for(cfg: Any) -> Sharding:
+    """DDP or FSDP for ``cfg`` on this machine's GPUs (DDP on the CPU: accelerate shards GPUs only)."""
+    if not cfg.device.startswith("cuda"):
+        return "ddp"
+    import torch
+
+    from esreason.experiments.flops import count_parameters
+
+    try:
+        params = count_parameters(cfg.model)
+    except UserError:
+        return "fsdp"  # unknown size: sharding always fits where a replica does
+    total = float(torch.cuda.get_device_properties(0).total_memory)
+    share = cfg.grpo.vllm_gpu_memory_utilization if cfg.grpo.use_vllm and cfg.grpo.vllm_mode == "colocate" else 0.0
+    return choose_sharding(params, cfg.dtype, cfg.grpo.beta, total, share)
+
+
+def launch_grpo(cfg: Any, out: Path, *, resume: bool, processes: int, sharding: Sharding) -> None:
+    """Run ``esreason train grpo`` for ``cfg`` as ``processes`` processes under accelerate (a subprocess)."""
+    import yaml
+
+    from esreason.config import to_dict
+    from esreason.io.atomic import atomic_write_json, atomic_write_text
+
+    launch = out / LAUNCH_DIR
+    launch.mkdir(parents=True, exist_ok=True)
+    config_file, accel_file = launch / "grpo.yaml", launch / "accelerate.yaml"
+    atomic_write_text(config_file, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    atomic_write_text(accel_file, yaml.safe_dump(accelerate_config(sharding, processes), sort_keys=False))
+    cmd = launch_command(config_file, accel_file, out, processes, _free_port(), resume)
+    atomic_write_json(launch / "launch.json", {"processes": processes, "sharding": sharding, "command": cmd})
+    code = subprocess.run(cmd, env=launch_env()).returncode
+    if code != 0:
+        raise UserError(f"GRPO stage {out} failed under accelerate launch with {processes} processes "
+                        f"(exit code {code}); command in {launch / 'launch.json'}; rerun to resume")
+
+
+def train_grpo(cfg: Any, out: Path, *, resume: bool, progress: bool) -> tuple[int, Path | None]:
+    """Train one GRPO stage: in-process on one GPU/CPU, under accelerate with one process per GPU
+    otherwise. Returns (updates done, final checkpoint)."""
+    processes = stage_processes(cfg.device)
+    if processes == 1:
+        from esreason.grpo.run import run_grpo
+
+        result = run_grpo(cfg, out, resume=resume, progress=progress)
+        return result.steps, result.final_checkpoint
+    launch_grpo(cfg, out, resume=resume, processes=processes, sharding=_sharding_for(cfg))
+    from esreason.io import RunDir
+
+    latest = RunDir(out).latest_checkpoint()  # the run saves a checkpoint after its last update
+    return (0, None) if latest is None else (int(latest[0]), Path(latest[1]))
+
+
+__all__ = ["ACTIVATION_RESERVE", "GPUS_ENV", "accelerate_config", "choose_sharding", "launch_command", "launch_env",
+           "launch_grpo", "stage_processes", "train_grpo", "training_state_bytes"]

@@ -1,0 +1,176 @@
+"""The assumptions of ``esreason experiment plan``, in one table, each value with its source.
+
+Nothing here is measured on a GPU by this project yet (no GPU was lent to the sessions that wrote
+it): every value is a published figure, a datasheet figure, or derived from them by a stated
+rule, or an assumption of ours, and says which. Replace a value by a measured one (e.g. from
+``benchmarks/gpu_es_step.py``) by editing :data:`THROUGHPUT` and its ``source``.
+
+Throughput is **generated tokens per second per GPU**, keyed by (GPU type, model size class,
+workload):
+
+- ``vllm``: vLLM with many concurrent sequences (evaluation: thousands of requests per engine);
+- ``vllm64``: vLLM decoding 64 sequences at a time (one ES member's 64 prompts on an engine; one
+  GRPO process's share of a 64 x 8 rollout batch on 8 GPUs), memory-bound on the weights;
+- ``hf``: our transformers sampler (and TRL's HF ``generate``) on one GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from esreason.errors import UserError
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """One value of the plan's table: what it is, its unit and where it comes from."""
+
+    key: str
+    """Dotted name, e.g. ``throughput.h100.7b.vllm``."""
+    value: float
+    """The number used."""
+    unit: str
+    """Its unit."""
+    source: str
+    """'published: ...', 'datasheet: ...', 'derived: ...' or 'assumption (ours): ...'."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "unit": self.unit, "source": self.source}
+
+
+#: GPU types: memory, HBM bandwidth and dense bf16 peak (datasheets).
+GPUS: dict[str, dict[str, Any]] = {
+    "h100": {"name": "NVIDIA H100 SXM5 80GB", "memory_gib": 80.0, "hbm_bytes_per_s": 3.35e12,
+             "bf16_flops": 989e12, "nvlink_bytes_per_s": 4.5e11,
+             "source": "datasheet: NVIDIA H100 Tensor Core GPU (SXM5): 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s dense "
+                       "bf16, NVLink 900 GB/s (450 GB/s per direction)"},
+    "a100": {"name": "NVIDIA A100 SXM4 80GB", "memory_gib": 80.0, "hbm_bytes_per_s": 2.04e12,
+             "bf16_flops": 312e12, "nvlink_bytes_per_s": 3.0e11,
+             "source": "datasheet: NVIDIA A100 Tensor Core GPU (SXM4 80GB): 2.04 TB/s, 312 TFLOP/s dense bf16, "
+                       "NVLink 600 GB/s (300 GB/s per direction)"},
+}
+
+#: Model size classes: the largest parameter count of each, and the representative size the
+#: published figure was taken at.
+SIZE_CLASSES = (("1.5b", 2.5e9), ("3b", 4.5e9), ("7b", 9.0e9))
+
+PUBLISHED_8B = 12_500.0
+PUBLISHED_8B_SOURCE = ("published: Llama 3.1 8B (BF16), 1x H100 80GB, vLLM, ~12,500 output tokens/s "
+                       "(third-party benchmark collection, morphllm.com/vllm-benchmarks, 2026)")
+SMALL_MODEL_CAP = 3.0
+HF_FACTOR = 14.0
+HF_SOURCE = ("derived: the vllm value / 14 (vLLM's launch post: 14x-24x the throughput of HuggingFace "
+             "Transformers, LLaMA-7B/13B on A100; we take the low end)")
+A100_FACTOR = 0.5
+A100_SOURCE = "derived: the h100 value x 0.5 (Lambda Labs vllm-benchmark: H100 ~2x A100 throughput)"
+DECODE_EFFICIENCY = 0.5
+
+#: Representative parameter counts of the size classes (the paper's models).
+CLASS_PARAMS = {"1.5b": 1.54e9, "3b": 3.21e9, "7b": 7.62e9}
+
+
+def _throughput_table() -> dict[tuple[str, str, str], Assumption]:
+    table: dict[tuple[str, str, str], Assumption] = {}
+    for gpu in GPUS:
+        scale = 1.0 if gpu == "h100" else A100_FACTOR
+        for size, params in CLASS_PARAMS.items():
+            ratio = 8.03e9 / params
+            if size == "7b":
+                vllm, src = PUBLISHED_8B, PUBLISHED_8B_SOURCE
+            else:
+                vllm = PUBLISHED_8B * min(ratio, SMALL_MODEL_CAP)
+                src = (f"derived: the published 8B figure ({PUBLISHED_8B:,.0f} tokens/s, H100) x min(8.03B / P, "
+                       f"{SMALL_MODEL_CAP:g}) (decode reads the weights once per step; capped because small models "
+                       "turn overhead-bound)")
+            vllm *= scale
+            roof = 64 * DECODE_EFFICIENCY * GPUS[gpu]["hbm_bytes_per_s"] / (2 * params)
+            v64 = min(vllm, roof)
+            src64 = (f"derived: min(the vllm value, 64 x {DECODE_EFFICIENCY} x HBM / (2 bytes x {params / 1e9:.2f}B)) "
+                     "(64 sequences, memory-bound on the bf16 weights; the decode model of benchmarks/noise.py)")
+            if gpu != "h100":
+                src = f"{A100_SOURCE}; h100: {src}"
+            base = f"throughput.{gpu}.{size}"
+            table[(gpu, size, "vllm")] = Assumption(f"{base}.vllm", round(vllm), "tokens/s per GPU", src)
+            table[(gpu, size, "vllm64")] = Assumption(f"{base}.vllm64", round(v64), "tokens/s per GPU", src64)
+            table[(gpu, size, "hf")] = Assumption(f"{base}.hf", round(vllm / HF_FACTOR), "tokens/s per GPU",
+                                                  HF_SOURCE)
+    return table
+
+
+THROUGHPUT = _throughput_table()
+
+#: Other constants of the plan.
+CONSTANTS: dict[str, Assumption] = {
+    "train_mfu": Assumption("train_mfu", 0.30, "fraction of dense bf16 peak",
+                            "assumption (ours): model FLOP utilisation of TRL's training forward/backward "
+                            "(DDP/FSDP, bf16 autocast); GRPO FLOPs = 8 P L per sequence (esreason.experiments.flops)"),
+    "elementwise_efficiency": Assumption("elementwise_efficiency", 0.8, "fraction of HBM bandwidth",
+                                         "assumption (ours), as benchmarks/noise.py: ES perturb/restore/update "
+                                         "kernels reach 80% of HBM bandwidth; bytes per parameter from that cost model"),
+    "engine_memory_fraction": Assumption("engine_memory_fraction", 0.6, "fraction of GPU memory",
+                                         "esreason: VLLMOptions.gpu_memory_utilization default (an ES engine's "
+                                         "reservation for weights + KV cache)"),
+    "eval_memory_fraction": Assumption("eval_memory_fraction", 0.9, "fraction of GPU memory",
+                                       "assumption (ours): an evaluation engine owns its GPU (vLLM's default 0.9)"),
+}
+
+#: Mean generated tokens per response by model family (capped by the run's max_new_tokens).
+RESPONSE_TOKENS: dict[str, Assumption] = {
+    "instruct": Assumption("response_tokens.instruct", 250, "tokens per response",
+                           "assumption: issue 17's estimate (~250 tokens per response of the Easy "
+                           "setting's Instruct models; benchmarks/noise.py: GSM8K answers of Qwen2.5-1.5B-Instruct "
+                           "~300 tokens)"),
+    "r1-distill": Assumption("response_tokens.r1-distill", 4000, "tokens per response",
+                             "assumption (ours): R1-distilled models write long chains of thought (the Hard "
+                             "setting caps them at 8,192 tokens); half the cap"),
+}
+
+#: Problems in the evaluated split of each paper task (eval uses every problem unless eval.limit).
+TEST_SIZES: dict[str, tuple[int, str]] = {
+    "gsm8k": (1319, "openai/gsm8k test"),
+    "csqa": (1221, "tau/commonsense_qa validation"),
+    "hotpotqa": (7405, "hotpot_dev_distractor_v1.json"),
+    "countdown": (1000, "assumption (ours): HuggingFaceTB/Countdown-Task-GOLD test size not stated; issue 17's "
+                        "~11k problems for the Easy suites"),
+    "gpqa": (198, "Idavidrein/gpqa gpqa_diamond"),
+    "mbpp": (257, "google-research-datasets/mbpp sanitized test"),
+    "aime24": (30, "math-ai/aime24"),
+    "aime25": (30, "math-ai/aime25"),
+    "amc23": (40, "math-ai/amc23"),
+    "math500": (500, "HuggingFaceH4/MATH-500"),
+}
+
+
+def size_class(params: int) -> str:
+    """The size class of a model with ``params`` parameters; UserError outside the table."""
+    for name, upper in SIZE_CLASSES:
+        if 0.5e9 <= params <= upper:
+            return name
+    raise UserError(f"no throughput assumption for a model of {params / 1e9:.3g}B parameters (the plan's table "
+                    f"covers {', '.join(n for n, _ in SIZE_CLASSES)}: 0.5B-9B; esreason.experiments.plan_table)")
+
+
+def gpu_spec(gpu: str) -> dict[str, Any]:
+    if gpu not in GPUS:
+        raise UserError(f"unknown GPU type {gpu!r}; known: {', '.join(GPUS)}")
+    return GPUS[gpu]
+
+
+def throughput(gpu: str, size: str, workload: str) -> Assumption:
+    return THROUGHPUT[(gpu, size, workload)]
+
+
+def response_tokens(model: str) -> Assumption:
+    return RESPONSE_TOKENS["r1-distill" if "r1-distill" in model.lower() else "instruct"]
+
+
+def test_size(task: str) -> tuple[int, str]:
+    if task not in TEST_SIZES:
+        raise UserError(f"no known test size for task {task!r} (known: {', '.join(TEST_SIZES)}); "
+                        "plan a local copy with data_dir, or add it to esreason.experiments.plan_table")
+    return TEST_SIZES[task]
+
+
+__all__ = ["Assumption", "CONSTANTS", "GPUS", "RESPONSE_TOKENS", "TEST_SIZES", "THROUGHPUT", "gpu_spec",
+           "response_tokens", "size_class", "test_size", "throughput"]
