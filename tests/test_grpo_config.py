@@ -89,7 +89,7 @@ def test_paper_configs_follow_the_table():
 
 def test_7b_config_is_the_easy_column_for_qwen_7b():
     """The table gives one Easy GRPO column for all three models: the 7B config differs from the
-    1.5B one only in the model and in activation checkpointing (memory, not the update)."""
+    1.5B one only in the model, activation checkpointing and vLLM's sleep mode (memory, not the update)."""
     from esreason.config import to_dict
 
     small = to_dict(load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-1.5b.yaml"))
@@ -97,6 +97,7 @@ def test_7b_config_is_the_easy_column_for_qwen_7b():
     assert big["model"] == "Qwen/Qwen2.5-7B-Instruct"
     assert big["grpo"].pop("gradient_checkpointing") is True
     small["grpo"].pop("gradient_checkpointing")
+    assert big["grpo"].pop("vllm_sleep") is True and small["grpo"].pop("vllm_sleep") is False
     assert {k: v for k, v in big.items() if k != "model"} == {k: v for k, v in small.items() if k != "model"}
     assert big["train"]["max_steps"] == 232  # FLOP-matched T, as the 1.5B pair
 
@@ -104,7 +105,7 @@ def test_7b_config_is_the_easy_column_for_qwen_7b():
 def test_trl_arguments_are_explicit_and_build(tmp_path):
     from esreason.grpo.trainer import build_trl_args, make_grpo_config
 
-    cfg = load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-1.5b.yaml", ["device=cpu", "grpo.bf16=false",
+    cfg = load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-1.5b.yaml", ["device=cpu", "grpo.bf16=false", "grpo.use_vllm=false",
                                                                           "checkpoint.every=25"])
     plan = plan_batches(cfg, 7473)
     kwargs = build_trl_args(cfg, plan, tmp_path)

@@ -106,10 +106,10 @@ CONSTANTS: dict[str, Assumption] = {
                             "assumption (ours): model FLOP utilisation of TRL's training forward/backward "
                             "(DDP/FSDP, bf16 autocast); GRPO FLOPs = 8 P L per sequence (esreason.experiments.flops)"),
     "elementwise_efficiency": Assumption("elementwise_efficiency", 0.8, "fraction of HBM bandwidth",
-                                         "assumption (ours), as benchmarks/noise.py: ES perturb/restore/update "
+                                         "assumption (ours): as benchmarks/noise.py, ES perturb/restore/update "
                                          "kernels reach 80% of HBM bandwidth; bytes per parameter from that cost model"),
     "engine_memory_fraction": Assumption("engine_memory_fraction", 0.6, "fraction of GPU memory",
-                                         "esreason: VLLMOptions.gpu_memory_utilization default (an ES engine's "
+                                         "esreason default: VLLMEngineOptions.gpu_memory_utilization (an ES engine's "
                                          "reservation for weights + KV cache)"),
     "eval_memory_fraction": Assumption("eval_memory_fraction", 0.9, "fraction of GPU memory",
                                        "assumption (ours): an evaluation engine owns its GPU (vLLM's default 0.9)"),
@@ -128,17 +128,17 @@ RESPONSE_TOKENS: dict[str, Assumption] = {
 
 #: Problems in the evaluated split of each paper task (eval uses every problem unless eval.limit).
 TEST_SIZES: dict[str, tuple[int, str]] = {
-    "gsm8k": (1319, "openai/gsm8k test"),
-    "csqa": (1221, "tau/commonsense_qa validation"),
-    "hotpotqa": (7405, "hotpot_dev_distractor_v1.json"),
+    "gsm8k": (1319, "dataset: openai/gsm8k test split"),
+    "csqa": (1221, "dataset: tau/commonsense_qa validation split"),
+    "hotpotqa": (7405, "dataset: HotpotQA hotpot_dev_distractor_v1.json"),
     "countdown": (1000, "assumption (ours): HuggingFaceTB/Countdown-Task-GOLD test size not stated; issue 17's "
                         "~11k problems for the Easy suites"),
-    "gpqa": (198, "Idavidrein/gpqa gpqa_diamond"),
-    "mbpp": (257, "google-research-datasets/mbpp sanitized test"),
-    "aime24": (30, "math-ai/aime24"),
-    "aime25": (30, "math-ai/aime25"),
-    "amc23": (40, "math-ai/amc23"),
-    "math500": (500, "HuggingFaceH4/MATH-500"),
+    "gpqa": (198, "dataset: Idavidrein/gpqa gpqa_diamond"),
+    "mbpp": (257, "dataset: google-research-datasets/mbpp sanitized test split"),
+    "aime24": (30, "dataset: math-ai/aime24"),
+    "aime25": (30, "dataset: math-ai/aime25"),
+    "amc23": (40, "dataset: math-ai/amc23"),
+    "math500": (500, "dataset: HuggingFaceH4/MATH-500"),
 }
 
 

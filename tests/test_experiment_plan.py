@@ -1,0 +1,137 @@
+"""``esreason experiment plan`` and the paper configs' layout (issue 17, items 1 and 5).
+
+The plan runs on the CPU from the shipped experiment files (hub ids resolve offline through the
+known parameter counts); its numbers come from esreason.experiments.plan_table, so the tests check
+the model (responses, tokens, stage layout, sums, sources), not the throughput values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from esreason.errors import UserError
+from esreason.experiments import plan_table as tab
+from esreason.experiments.plan import build_plan, hf_only
+from esreason.experiments.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "configs" / "experiments"
+EASY_MODELS = {"Qwen/Qwen2.5-1.5B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct"}
+EASY_PROBLEMS = 1319 + 1221 + 7405 + 1000 + 198 + 257  # gsm8k, csqa, hotpotqa, countdown, gpqa, mbpp
+
+
+@pytest.fixture(scope="module")
+def easy():
+    return load_spec(EXPERIMENTS / "easy.yaml")
+
+
+def _paper_specs():
+    os.environ.setdefault("ESREASON_HARD_GRPO_CHECKPOINT", "org/released-grpo")
+    return {p.name: load_spec(p) for p in sorted(EXPERIMENTS.glob("*.yaml")) if p.name != "demo.yaml"}
+
+
+def test_paper_configs_resolve_to_the_vllm_layouts():
+    specs = _paper_specs()
+    assert {s.model for n, s in specs.items() if n.startswith("easy")} == EASY_MODELS
+    for name, spec in specs.items():
+        es, grpo, ev = spec.es, spec.grpo, spec.eval
+        assert (es.backend.type, es.backend.engines, es.backend.update) == ("ray", 8, "sharded"), name
+        assert es.dtype == "bfloat16" and es.device == "cuda", name
+        assert grpo.grpo.use_vllm and grpo.grpo.vllm_mode == "colocate" and grpo.device == "cuda", name
+        assert (ev.backend, ev.engines) == ("vllm", 8), name
+        assert es.model == grpo.model == spec.model, name
+
+
+def test_one_gpu_variant_is_the_same_run_on_one_engine():
+    from esreason.config import load_config, to_dict
+
+    pool = to_dict(load_config(ROOT / "configs" / "easy" / "es-qwen2.5-1.5b.yaml"))
+    one = to_dict(load_config(ROOT / "configs" / "easy" / "es-qwen2.5-1.5b-1gpu.yaml"))
+    assert one.pop("backend")["type"] == "vllm" and pool.pop("backend")["type"] == "ray"
+    assert one == pool
+
+
+def test_easy_plan_on_8_gpus_runs_every_generation_on_vllm(easy):
+    plan = json.loads(json.dumps(build_plan(easy, 8)))  # JSON-able
+    assert {"stages", "total_gpu_hours", "wall_hours", "assumptions"} <= set(plan)
+    names = [s["name"] for s in plan["stages"]]
+    assert names == ["eval/base", "train/grpo", "eval/grpo", "train/es", "eval/es", "train/es_grpo/stage1_es",
+                     "train/es_grpo/stage2_grpo", "eval/es_grpo", "train/grpo_es/stage1_grpo",
+                     "train/grpo_es/stage2_es", "eval/grpo_es"]
+    for s in plan["stages"]:
+        assert {"name", "runs_on", "responses", "tokens", "gpu_hours"} <= set(s)
+        assert "vLLM" in s["runs_on"] and s["gpus"] == 8, s
+        assert s["memory_gib_per_gpu"] and all(0 < v <= 80 for v in s["memory_gib_per_gpu"].values()), s
+    by = {s["name"]: s for s in plan["stages"]}
+    assert by["train/es"]["responses"] == 232 * 32 * 64
+    assert by["train/grpo"]["responses"] == 232 * 64 * 8
+    assert by["train/es_grpo/stage1_es"]["responses"] == 116 * 32 * 64
+    assert by["eval/es"]["responses"] == EASY_PROBLEMS * 33  # 32 samples + 1 greedy
+    assert by["eval/es"]["tokens"] == EASY_PROBLEMS * 33 * 250
+    assert "sharded update" in by["train/es"]["runs_on"] and "8 processes" in by["train/grpo"]["runs_on"]
+    assert plan["total_gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in plan["stages"]), abs=0.05)
+    assert plan["wall_hours"] == pytest.approx(sum(s["wall_hours"] for s in plan["stages"]), abs=0.05)
+    for a in plan["assumptions"]:
+        assert a["source"].split(":")[0] in ("published", "datasheet", "dataset", "derived", "assumption",
+                                             "assumption (ours)", "esreason default"), a
+    keys = {a["key"] for a in plan["assumptions"]}
+    assert {"throughput.h100.1.5b.vllm", "throughput.h100.1.5b.vllm64", "response_tokens.instruct"} <= keys
+
+
+def test_hf_only_projection_is_the_same_work_slower(easy):
+    fast, slow = build_plan(easy, 8), build_plan(hf_only(easy), 8)
+    assert [s["responses"] for s in fast["stages"]] == [s["responses"] for s in slow["stages"]]
+    assert all("vLLM" not in s["runs_on"] for s in slow["stages"])
+    assert slow["wall_hours"] > 10 * fast["wall_hours"]
+    ev = next(s for s in slow["stages"] if s["name"] == "eval/es")
+    assert ev["gpus"] == 1 and ev["runs_on"].startswith("HF")
+
+
+def test_fewer_gpus_than_engines_is_planned_with_a_note(easy):
+    plan = build_plan(easy, 4)
+    assert any("backend.engines=8 but only 4 GPUs" in n for n in plan["notes"])
+    assert all(s["gpus"] == 4 for s in plan["stages"])
+    assert plan["wall_hours"] > build_plan(easy, 8)["wall_hours"]
+
+
+def test_larger_models_shard_grpo_and_cost_more():
+    specs = _paper_specs()
+    plans = {n: build_plan(s, 8) for n, s in specs.items() if n.startswith("easy")}
+    grpo = {n: next(s for s in p["stages"] if s["name"] == "train/grpo") for n, p in plans.items()}
+    assert "(DDP)" in grpo["easy.yaml"]["runs_on"]
+    assert "(FSDP)" in grpo["easy-llama-3.2-3b.yaml"]["runs_on"] and "(FSDP)" in grpo["easy-qwen2.5-7b.yaml"]["runs_on"]
+    assert plans["easy.yaml"]["total_gpu_hours"] < plans["easy-qwen2.5-7b.yaml"]["total_gpu_hours"]
+    hard = build_plan(specs["hard.yaml"], 8)
+    assert any(a["key"] == "response_tokens.r1-distill" for a in hard["assumptions"])
+
+
+def test_engine_memory_fraction_is_the_engines_default():
+    from esreason.backends.vllm import VLLMEngineOptions
+
+    assert tab.CONSTANTS["engine_memory_fraction"].value == VLLMEngineOptions().gpu_memory_utilization
+
+
+def test_bad_input_is_one_clear_error(easy):
+    with pytest.raises(UserError, match="--gpus"):
+        build_plan(easy, 0)
+    with pytest.raises(UserError, match="unknown GPU type 'tpu'"):
+        build_plan(easy, 8, "tpu")
+    with pytest.raises(UserError, match="no throughput assumption for a model of 0.00087B"):
+        tab.size_class(870_000)  # the embedded default: a CPU model, outside the GPU table
+    with pytest.raises(UserError, match="no known test size for task 'demo-add'"):
+        tab.test_size("demo-add")
+
+
+def test_cli_prints_the_same_object(capsys):
+    from esreason.cli import main
+
+    assert main(["experiment", "plan", str(EXPERIMENTS / "easy.yaml"), "--gpus", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == json.loads(json.dumps(build_plan(load_spec(EXPERIMENTS / "easy.yaml"), 8)))
+    assert main(["experiment", "plan", str(EXPERIMENTS / "easy.yaml"), "--gpus", "8", "--hf-only"]) == 0
+    text = capsys.readouterr().out
+    assert "HF transformers sampler" in text and "assumptions:" in text and "GPU-hours" in text
