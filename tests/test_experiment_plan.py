@@ -105,6 +105,11 @@ def test_larger_models_shard_grpo_and_cost_more():
     assert "(DDP)" in grpo["easy.yaml"]["runs_on"]
     assert "(FSDP)" in grpo["easy-llama-3.2-3b.yaml"]["runs_on"] and "(FSDP)" in grpo["easy-qwen2.5-7b.yaml"]["runs_on"]
     assert plans["easy.yaml"]["total_gpu_hours"] < plans["easy-qwen2.5-7b.yaml"]["total_gpu_hours"]
+    # memory per GPU (issue 17 item 9): the 7B masters leave the engines' GPUs; GPU 0's trainer copy is flagged
+    notes = plans["easy-qwen2.5-7b.yaml"]["notes"]
+    assert any("fp32 masters in pinned host memory" in n for n in notes)
+    assert any(n.startswith("train/es: gpu0_with_trainer needs") for n in notes)
+    assert not plans["easy.yaml"]["notes"]
     hard = build_plan(specs["hard.yaml"], 8)
     assert any(a["key"] == "response_tokens.r1-distill" for a in hard["assumptions"])
 

@@ -136,7 +136,13 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
             noise = ctx.hbm_seconds(step)
         wall = gen + updates * noise
         frac = ctx.const("engine_memory_fraction")
-        engine_gib = frac * ctx.gpu["memory_gib"] + masters
+        # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
+        # reservation with a 1 GiB + 20% margin, else in pinned host memory (docs/scale.md, "Centre copy").
+        on_gpu = masters * 1.2 + 1 <= (1 - frac) * ctx.gpu["memory_gib"]
+        engine_gib = frac * ctx.gpu["memory_gib"] + (masters if on_gpu else 0.0)
+        if masters and not on_gpu:
+            ctx.notes.append(f"{name}: each engine keeps its {masters:.0f} GiB fp32 masters in pinned host memory "
+                             "(they do not fit beside vLLM's reservation)")
         kind = f"{engines} vLLM engine{'s' if engines > 1 else ''}"
         where = (f"{kind} (Ray pool, 1 GPU each; {be.update} update)" if be.type == "ray"
                  else f"{kind} in-process (1 GPU)")
@@ -207,6 +213,7 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, 
 
     ctx = _Ctx(spec, gpus, gpu)
     stages: list[Stage] = []
+    limit = ctx.gpu["memory_gib"]
     for m in spec.methods:
         kinds = TRAINED.get(m.kind, ())
         budgets = (spec.updates,) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
@@ -215,6 +222,10 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, 
             stages.append(_es_stage(ctx, spec.es, name, updates) if kind == "es"
                           else _grpo_stage(ctx, spec.grpo, name, updates))
         stages.append(_eval_stage(ctx, f"eval/{m.name}"))
+    for st in stages:
+        ctx.notes.extend(f"{st.name}: {k} needs {v:.0f} GiB, more than a {limit:.0f} GiB GPU"
+                         for k, v in st.memory_gib_per_gpu.items() if v > limit)
+    ctx.notes = list(dict.fromkeys(ctx.notes))
     return {
         "experiment": spec.name, "model": spec.model, "parameters": ctx.params, "size_class": ctx.size,
         "gpus": gpus, "gpu_type": ctx.gpu["name"],
