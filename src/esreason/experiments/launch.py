@@ -99,12 +99,12 @@ def _free_port() -> int:
 
 
 def launch_command(config_file: Path, accel_file: Path, out: Path, processes: int, port: int,
-                   resume: bool) -> list[str]:
+                   resume: bool, progress: bool = False) -> list[str]:
     """``python -m accelerate.commands.launch ... -m esreason.cli train grpo ...`` for one stage."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accel_file),
            "--num_processes", str(processes), "--main_process_port", str(port),
-           "-m", "esreason.cli", "train", "grpo", "--config", str(config_file), "--output", str(out), "--no-progress"]
-    return cmd + (["--resume"] if resume else [])
+           "-m", "esreason.cli", "train", "grpo", "--config", str(config_file), "--output", str(out)]
+    return cmd + ([] if progress else ["--no-progress"]) + (["--resume"] if resume else [])
 
 
 def launch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -132,7 +132,8 @@ def _sharding_for(cfg: Any) -> Sharding:
     return choose_sharding(params, cfg.dtype, cfg.grpo.beta, total, share)
 
 
-def launch_grpo(cfg: Any, out: Path, *, resume: bool, processes: int, sharding: Sharding) -> None:
+def launch_grpo(cfg: Any, out: Path, *, resume: bool, processes: int, sharding: Sharding,
+                progress: bool = False) -> None:
     """Run ``esreason train grpo`` for ``cfg`` as ``processes`` processes under accelerate (a subprocess)."""
     import yaml
 
@@ -144,7 +145,7 @@ def launch_grpo(cfg: Any, out: Path, *, resume: bool, processes: int, sharding: 
     config_file, accel_file = launch / "grpo.yaml", launch / "accelerate.yaml"
     atomic_write_text(config_file, yaml.safe_dump(to_dict(cfg), sort_keys=False))
     atomic_write_text(accel_file, yaml.safe_dump(accelerate_config(sharding, processes), sort_keys=False))
-    cmd = launch_command(config_file, accel_file, out, processes, _free_port(), resume)
+    cmd = launch_command(config_file, accel_file, out, processes, _free_port(), resume, progress)
     atomic_write_json(launch / "launch.json", {"processes": processes, "sharding": sharding, "command": cmd})
     code = subprocess.run(cmd, env=launch_env()).returncode
     if code != 0:
@@ -161,7 +162,7 @@ def train_grpo(cfg: Any, out: Path, *, resume: bool, progress: bool) -> tuple[in
 
         result = run_grpo(cfg, out, resume=resume, progress=progress)
         return result.steps, result.final_checkpoint
-    launch_grpo(cfg, out, resume=resume, processes=processes, sharding=_sharding_for(cfg))
+    launch_grpo(cfg, out, resume=resume, processes=processes, sharding=_sharding_for(cfg), progress=progress)
     from esreason.io import RunDir
 
     latest = RunDir(out).latest_checkpoint()  # the run saves a checkpoint after its last update

@@ -182,6 +182,13 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     rollouts = (f"vLLM colocate rollouts ({procs} engine{'s' if procs > 1 else ''})" if colocate
                 else "vLLM server rollouts" if g.use_vllm else "HF generate rollouts")
     memory = {"training_state": per_gpu, "vllm": share * ctx.gpu["memory_gib"]}
+    try:  # the batch must split over the processes exactly as `train grpo` will require
+        from esreason.experiments.flops import train_size
+        from esreason.grpo.plan import plan_batches
+
+        plan_batches(cfg, train_size(cfg.task, cfg.data_path, cfg.train.split, cfg.train.limit), procs)
+    except UserError as exc:
+        ctx.notes.append(f"{name}: on {procs} processes the run would stop: {exc}")
     if per_gpu + (share + ACTIVATION_RESERVE) * ctx.gpu["memory_gib"] > ctx.gpu["memory_gib"]:
         ctx.notes.append(f"{name}: {per_gpu:.0f} GiB of training state per GPU + vLLM's share does not fit "
                          f"{ctx.gpu['memory_gib']:.0f} GiB with the activation reserve")
