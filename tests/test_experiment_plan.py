@@ -143,3 +143,13 @@ def test_cli_prints_the_same_object(capsys):
     assert main(["experiment", "plan", str(EXPERIMENTS / "easy.yaml"), "--gpus", "8", "--hf-only"]) == 0
     text = capsys.readouterr().out
     assert "HF transformers sampler" in text and "assumptions:" in text and "GPU-hours" in text
+
+
+def test_periodic_heldout_evaluation_is_counted():
+    """eval.every adds (T // every + 1) evaluations of eval.limit problems x eval.samples responses."""
+    spec = load_spec(EXPERIMENTS / "easy.yaml", ["configs.es.eval.every=58", "configs.es.eval.tasks=[gpqa]",
+                                                 "configs.es.eval.limit=100", "configs.es.eval.samples=4",
+                                                 "configs.es.eval.ks=[1,4]"])
+    by = {s["name"]: s for s in build_plan(spec, 8)["stages"]}
+    assert by["train/es"]["responses"] == 232 * 32 * 64 + (232 // 58 + 1) * 100 * 4
+    assert by["train/grpo"]["responses"] == 232 * 64 * 8  # GRPO's eval.every stays 0

@@ -103,13 +103,20 @@ def _problems(ctx: _Ctx, tasks: tuple[str, ...] | list[str], limit: int | None) 
     return total
 
 
+def _heldout(ctx: _Ctx, cfg: Any, updates: int) -> tuple[int, float]:
+    """(responses, tokens) of the periodic held-out evaluation during training (eval.every; at update 0 too)."""
+    if not cfg.eval.every:
+        return 0, 0.0
+    problems = _problems(ctx, cfg.eval.tasks or (cfg.task,), cfg.eval.limit)
+    responses = (updates // cfg.eval.every + 1) * problems * cfg.eval.samples
+    return responses, responses * ctx.length(cfg.eval.max_new_tokens or cfg.generation.max_new_tokens)
+
+
 def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     be, n, b = cfg.backend, cfg.es.population_size, cfg.train.batch_size
     responses = updates * n * b
-    heldout = 0
-    if cfg.eval.every:
-        heldout = (updates // cfg.eval.every + 1) * _problems(ctx, cfg.eval.tasks, cfg.eval.limit) * cfg.eval.samples
-    tokens = (responses + heldout) * ctx.length(cfg.generation.max_new_tokens)
+    heldout, heldout_tokens = _heldout(ctx, cfg, updates)
+    tokens = responses * ctx.length(cfg.generation.max_new_tokens) + heldout_tokens
     mem_w = 2 if cfg.dtype in ("bfloat16", "float16") else 4
     masters = 4 * ctx.params / GIB if mem_w == 2 and cfg.es.master_weights != "none" else 0.0
     # The trainer's HF policy: weights, fp32 masters (or an exact-restore centre copy), direction cache.
@@ -123,7 +130,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
             engines = ctx.gpus
         members = -(-n // engines)
         gen = updates * members * b * ctx.length(cfg.generation.max_new_tokens) / ctx.rate("vllm64")
-        gen += heldout * ctx.length(cfg.generation.max_new_tokens) / (ctx.rate("vllm") * engines)
+        gen += heldout_tokens / (ctx.rate("vllm") * engines)
         per_member = BYTES_PER_PARAM["perturb"] + BYTES_PER_PARAM["restore"] + BYTES_PER_PARAM["draw"]
         if be.update == "sharded" and engines > 1:
             step = members * (per_member + BYTES_PER_PARAM["accumulate"] + BYTES_PER_PARAM["draw"]) + sum(
@@ -161,12 +168,13 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     g = cfg.grpo
     procs = ctx.gpus if cfg.device.startswith("cuda") else 1
     responses = updates * cfg.train.batch_size * g.num_generations
-    length = ctx.length(cfg.generation.max_new_tokens)
-    tokens = responses * length
+    rollout_tokens = responses * ctx.length(cfg.generation.max_new_tokens)
+    heldout, heldout_tokens = _heldout(ctx, cfg, updates)  # the main process's HF sampler (docs/grpo.md)
     colocate = g.use_vllm and g.vllm_mode == "colocate"
-    gen = tokens / (ctx.rate("vllm64" if g.use_vllm else "hf") * procs)
+    gen = rollout_tokens / (ctx.rate("vllm64" if g.use_vllm else "hf") * procs)
+    gen += heldout_tokens / ctx.rate("hf") if heldout else 0.0
     mfu = ctx.const("train_mfu")
-    train = 8 * ctx.params * tokens / (procs * ctx.gpu["bf16_flops"] * mfu)
+    train = 8 * ctx.params * rollout_tokens / (procs * ctx.gpu["bf16_flops"] * mfu)
     mem_bytes = ctx.gpu["memory_gib"] * GIB
     share = g.vllm_gpu_memory_utilization if colocate else 0.0
     sharding = choose_sharding(ctx.params, cfg.dtype, g.beta, mem_bytes, share) if procs > 1 else "ddp"
@@ -192,7 +200,8 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     if per_gpu + (share + ACTIVATION_RESERVE) * ctx.gpu["memory_gib"] > ctx.gpu["memory_gib"]:
         ctx.notes.append(f"{name}: {per_gpu:.0f} GiB of training state per GPU + vLLM's share does not fit "
                          f"{ctx.gpu['memory_gib']:.0f} GiB with the activation reserve")
-    return Stage(name, f"{layout}; {rollouts}", responses, round(tokens), procs, (gen + train) / 3600, memory)
+    return Stage(name, f"{layout}; {rollouts}", responses + heldout, round(rollout_tokens + heldout_tokens), procs,
+                 (gen + train) / 3600, memory)
 
 
 def _eval_stage(ctx: _Ctx, name: str) -> Stage:
