@@ -147,6 +147,7 @@ def launch_grpo(cfg: Any, out: Path, *, resume: bool, processes: int, sharding: 
     atomic_write_text(accel_file, yaml.safe_dump(accelerate_config(sharding, processes), sort_keys=False))
     cmd = launch_command(config_file, accel_file, out, processes, _free_port(), resume, progress)
     atomic_write_json(launch / "launch.json", {"processes": processes, "sharding": sharding, "command": cmd})
+    print(f"GRPO stage {out}: accelerate launch, {processes} processes ({sharding.upper()}), one per GPU", flush=True)
     code = subprocess.run(cmd, env=launch_env()).returncode
     if code != 0:
         raise UserError(f"GRPO stage {out} failed under accelerate launch with {processes} processes "
