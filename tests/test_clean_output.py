@@ -156,6 +156,31 @@ def test_known_library_noise_removes_filters_when_the_call_raises():
     assert warnings.filters == before
 
 
+def test_trainer_mtime_note_silenced_at_the_call_site(tmp_path, caplog):
+    """The real Trainer note (checkpoints saved within a second of each other), through the entry
+    esreason.quiet lists for it: dropped inside the block, printed outside it."""
+    from transformers import trainer_utils
+    from transformers.utils import logging as hf_logging
+
+    for step in (1, 2):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    root = hf_logging.get_logger("transformers")
+    root.propagate = True  # let caplog see transformers' records
+    try:
+        with caplog.at_level(logging.INFO, logger="transformers"):
+            hf_logging.warning_once.cache_clear()  # warning_once prints a message once per process
+            with known_library_noise():
+                trainer_utils.sort_checkpoints(str(tmp_path), use_mtime=True)
+            inside = [r.getMessage() for r in caplog.records]
+            hf_logging.warning_once.cache_clear()
+            trainer_utils.sort_checkpoints(str(tmp_path), use_mtime=True)
+            outside = [r.getMessage() for r in caplog.records][len(inside):]
+    finally:
+        root.propagate = False
+    assert inside == []
+    assert [m for m in outside if m.startswith("mtime may not be reliable")], outside
+
+
 # --------------------------------------------------------------------------- warnings are errors
 
 

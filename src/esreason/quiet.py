@@ -62,21 +62,19 @@ class _DropPrefix(logging.Filter):
         return not record.getMessage().startswith(self.prefixes)
 
 
-# The messages the GRPO comparator's ``trainer.train`` call triggers (TRL 1.16 over transformers).
+# The messages the GRPO comparator's ``trainer.train`` call triggers (TRL 1.16 over transformers
+# 5.20-5.24, measured). The ``past_key_values`` deprecation of transformers 5.24 is not among them:
+# TRL 1.16 never names the cache (it generates through transformers' own ``generate``, which uses
+# the new name); it came from our sampler, which now passes the name the release expects
+# (:func:`esreason.backends.kvcache.cache_keyword`).
 TRAINER_WARNINGS: tuple[KnownWarning, ...] = (
     KnownWarning(FutureWarning, r"`is_gradient_checkpointing` is deprecated", r"transformers\.modeling_utils\b",
                  "TRL 1.16 (trl/models/utils.py) reads the property transformers 5.23 deprecated; it is "
                  "warned without a stacklevel, so attributed to transformers.modeling_utils"),
-    KnownWarning(FutureWarning, r"`past_key_values` is deprecated and will be removed in version",
-                 r"(trl|transformers|torch\.nn\.modules\.module)\b",
-                 "TRL's generation passes past_key_values, renamed cache in transformers 5.24 (the "
-                 "deprecate_kwarg warning is attributed to the caller of the forward: torch's Module.__call__)"),
 )
 TRAINER_LOG_LINES: tuple[KnownLogLine, ...] = (
     KnownLogLine("transformers.trainer_utils", "mtime may not be reliable on this filesystem",
                  "Trainer's checkpoint rotation: checkpoints saved within a second of each other"),
-    KnownLogLine("transformers.utils.generic", "`past_key_values`/`cache_params` are deprecated",
-                 "TRL reading the cache under its old name (transformers >= 5.24)"),
 )
 
 
