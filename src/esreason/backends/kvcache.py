@@ -52,9 +52,14 @@ def cache_keyword(model: Any) -> str:
     for name in ("cache", "past_key_values"):
         if name in params:
             return name
+    return "cache" if _release(transformers_version()) >= CACHE_RENAMED_IN else "past_key_values"
+
+
+def transformers_version() -> str:
+    """The installed transformers release, e.g. '5.23.0'."""
     import transformers
 
-    return "cache" if _release(transformers.__version__) >= CACHE_RENAMED_IN else "past_key_values"
+    return str(transformers.__version__)
 
 
 class PreallocatedLayer(DynamicLayer):
