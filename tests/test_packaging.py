@@ -97,5 +97,6 @@ def test_ci_runs_the_newest_transformers_job_after_the_main_suite():
     assert script.stat().st_mode & 0o111
     text = script.read_text()
     assert "scripts/compat-env.sh" in text and "pip index versions transformers" in text
-    for path in re.findall(r"tests/[\w/]+\.py", text):  # the smoke subset names files that exist
+    for path, name in re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", text):  # the smoke subset exists
         assert (REPO / path).is_file(), path
+        assert not name or f"def {name}(" in (REPO / path).read_text(), f"{path}::{name}"
