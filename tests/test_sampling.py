@@ -15,6 +15,7 @@ import torch
 
 from esreason.backends import topp
 from esreason.backends.base import Generator, SamplingParams
+from esreason.backends.kvcache import cache_keyword
 from esreason.backends.sampling import Sampler
 from esreason.embedded import safe_decode
 from esreason.errors import UserError
@@ -105,7 +106,8 @@ class LogitsEdit(torch.nn.Module):
         self.calls += 1
         if self.bias is not None:
             logits = logits + self.bias
-        return SimpleNamespace(logits=logits, past_key_values=out.past_key_values)
+        kw = cache_keyword(self.inner)  # the updated cache, under the installed transformers' name
+        return SimpleNamespace(logits=logits, **{kw: getattr(out, kw)})
 
 
 def _hf_greedy(model, tok, prompts, max_new):

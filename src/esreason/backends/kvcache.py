@@ -12,14 +12,54 @@ holds nothing but ``DynamicLayer``s: Llama, Qwen2, Mistral without sliding windo
 Sliding-window, linear-attention or KV-sharing models keep transformers' own cache. Relies
 on the ``DynamicLayer`` attributes of transformers 5.23 (``keys``, ``values``,
 ``is_initialized``); tests/test_sampling.py compares against ``generate`` to catch drift.
+
+The keyword a forward takes the cache under changed: ``past_key_values`` up to transformers
+5.23, ``cache`` from 5.24 (where ``past_key_values`` still works until 5.40.0 but warns, and
+the output's ``past_key_values`` attribute logs "``past_key_values``/``cache_params`` are
+deprecated"). :func:`cache_keyword` picks the name once per model, so the decode loop passes
+and reads only the name the installed transformers expects.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
+
+
+# The first transformers release whose forwards take the cache as ``cache`` (5.24.0 renamed
+# ``past_key_values``/``cache_params``; the old names are removed in 5.40.0).
+CACHE_RENAMED_IN = (5, 24)
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string like '5.24.0' or '5.25.0.dev0'."""
+    parts = version.split(".")
+    return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword ``model``'s forward takes its KV cache under: ``"cache"`` or ``"past_key_values"``.
+
+    Read from the forward's signature (``inspect.signature`` follows the ``functools.wraps``
+    of transformers' deprecation decorators to the real parameters); a forward that names
+    neither (``**kwargs`` only, e.g. remote code) gets the installed transformers' name.
+    The output carries the updated cache under the same name.
+    """
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return "cache" if _release(transformers_version()) >= CACHE_RENAMED_IN else "past_key_values"
+
+
+def transformers_version() -> str:
+    """The installed transformers release, e.g. '5.23.0'."""
+    import transformers
+
+    return str(transformers.__version__)
 
 
 class PreallocatedLayer(DynamicLayer):

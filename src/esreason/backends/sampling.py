@@ -17,7 +17,8 @@ How a call runs
    that start at 0 on each row's first real token, exactly as ``generate`` does. Results
    come back in prompt order.
 3. One prefill forward over the padded chunk, then one forward per new token, feeding the
-   ``past_key_values`` cache. With ``cache="auto"`` (default) that is a ``DynamicCache``
+   KV cache (under the keyword the installed transformers expects: ``past_key_values`` up to
+   5.23, ``cache`` from 5.24; :func:`esreason.backends.kvcache.cache_keyword`). With ``cache="auto"`` (default) that is a ``DynamicCache``
    whose layers write into buffers allocated once for prompt + response
    (:mod:`esreason.backends.kvcache`; no per-step ``torch.cat`` of the whole cache) when
    the model's cache is plain full attention, else the model's own default cache;
@@ -67,7 +68,7 @@ import numpy as np
 import torch
 
 from esreason.backends import topp
-from esreason.backends.kvcache import preallocated_cache
+from esreason.backends.kvcache import cache_keyword, preallocated_cache
 from esreason.backends.base import Generation, SamplingParams
 from esreason.embedded import safe_decode
 from esreason.errors import UserError
@@ -171,6 +172,7 @@ class Sampler:
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._cache_kw = cache_keyword(model)  # "past_key_values" (transformers <= 5.23) or "cache"
         self.last_stats = SamplerStats()
 
     # Public API --------------------------------------------------------------------
@@ -250,12 +252,13 @@ class Sampler:
                  cache: Any) -> tuple[torch.Tensor, Any]:
         """One model call; returns (last-position logits [B, V], the updated cache)."""
         kwargs: dict[str, Any] = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                                      past_key_values=cache, use_cache=True)
+                                      use_cache=True)
+        kwargs[self._cache_kw] = cache
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
         out = self.model(**kwargs)
         self.last_stats.forwards += 1
-        return out.logits[:, -1, :], out.past_key_values
+        return out.logits[:, -1, :], getattr(out, self._cache_kw)
 
     def _decode_chunk(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
                       gen: torch.Generator | None, stop_ids: list[int],

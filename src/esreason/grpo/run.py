@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from esreason.errors import UserError
 from esreason.grpo.config import GRPORunConfig
 from esreason.grpo.distributed import Processes, barrier, full_state_dict
 from esreason.grpo.plan import BatchPlan
+from esreason.quiet import known_library_noise
 
 CONFIG_FILE = "config.yaml"
 
@@ -262,10 +262,7 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
             standardize_advantages=cfg.grpo.standardize_advantages)
         _remove_console_callbacks(trainer)
         try:
-            with warnings.catch_warnings():
-                # TRL 1.16 reads a property transformers 5.23 renamed; nothing for users to act on.
-                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
-                                        category=FutureWarning)
+            with known_library_noise():  # TRL's and the Trainer's known messages, by message and module
                 trainer.train(resume_from_checkpoint=str(point.trl_checkpoint) if point else None)
         finally:
             bar.close()
