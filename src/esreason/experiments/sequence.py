@@ -30,7 +30,6 @@ stage is skipped, an interrupted one continues from its last checkpoint.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -180,8 +179,26 @@ def _run_stage(stage: StagePlan, out: Path, progress: bool) -> Path:
 
 
 def _recorded_start_hash(run_dir: Path) -> str | None:
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    from esreason.io.verify import DamagedFile, read_json_object
+
+    try:
+        manifest = read_json_object(run_dir / "manifest.json")
+    except DamagedFile as exc:
+        raise UserError(f"{exc}: cannot check stage 2's starting model") from None
     return (manifest.get("model") or {}).get("sha256_tensors")
+
+
+def _read_record(seq_file: Path) -> dict[str, Any] | None:
+    """The stored sequence.json, or None when there is none or it is damaged (warned; it is rewritten)."""
+    from esreason.io.verify import DamagedFile, read_json_object, warn
+
+    if not seq_file.exists():
+        return None
+    try:
+        return read_json_object(seq_file)
+    except DamagedFile as exc:
+        warn(f"{exc}; rewriting it (the stage directories are checked on their own)")
+        return None
 
 
 def run_sequence(plan: SequencePlan, output: str | Path, *, progress: bool = True) -> SequenceResult:
@@ -197,8 +214,8 @@ def run_sequence(plan: SequencePlan, output: str | Path, *, progress: bool = Tru
                               "budget_rule": "stage 1: T // 2, stage 2: T - T // 2 (equal split)",
                               "data_schedule": "each stage restarts its own schedule", "results": []}
     seq_file = out / SEQUENCE_FILE
-    if seq_file.exists():
-        old = json.loads(seq_file.read_text())
+    old = _read_record(seq_file)
+    if old is not None:
         if old.get("stages") != record["stages"] or old.get("split") != record["split"]:
             raise UserError(f"{out} holds a sequence {old.get('stages')} split {old.get('split')}; "
                             f"this one is {record['stages']} split {record['split']}: choose another output")

@@ -5,7 +5,7 @@ A checkpoint directory's ``COMPLETE`` marker (written last by
 every other file of the checkpoint (:func:`checksum_manifest`). A checkpoint is *intact*
 when its marker parses and every listed file exists with that size and hash
 (:func:`verify_checkpoint`). Deleting the marker leaves an incomplete checkpoint; a marker
-that still reads ``complete`` (written before checksums existed) is accepted unverified.
+of one short word (``complete``, written before checksums existed) is accepted unverified.
 
 Resuming (:func:`select_checkpoint`) walks the checkpoints newest first and takes the first
 intact one whose state file also parses; every damaged checkpoint it passes over is named
@@ -29,7 +29,7 @@ from esreason.io.atomic import COMPLETE_MARKER
 from esreason.io.hashing import sha256_file
 
 CHECKSUM_KIND = "esreason-checkpoint"
-LEGACY_MARKER = "complete"
+_LEGACY = re.compile(rb"[A-Za-z]{1,16}")  # a marker of one short word carries no checksums
 _STEP_DIR = re.compile(r"^step_(0|[1-9][0-9]*)$")
 
 
@@ -96,8 +96,8 @@ def verify_checkpoint(directory: str | Path) -> bool:
     if not marker.is_file():
         raise DamagedFile(marker, "missing (the checkpoint is incomplete)")
     raw = marker.read_bytes()
-    if raw.strip() == LEGACY_MARKER.encode():
-        return False
+    if _LEGACY.fullmatch(raw.strip()):
+        return False  # "complete" (before checksums), "ok" (the packaged embedded default): nothing to verify
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
