@@ -12,6 +12,8 @@ import io
 import shutil
 from pathlib import Path
 
+import pytest
+
 DAMAGES = ("truncate", "zero", "delete", "garble")
 
 
@@ -29,6 +31,40 @@ def damage(path: Path, kind: str) -> None:
         path.write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:])
     else:
         raise ValueError(kind)
+
+
+@pytest.fixture(scope="module")
+def demo_dir() -> Path:
+    """The embedded default's directory (import this fixture into a test module)."""
+    from esreason.embedded import demo_model_dir
+
+    return Path(demo_model_dir())
+
+
+def reference_run(train, factory, name: str) -> Path:
+    """A module's reference run: ``train(demo model dir, out) -> (rc, stderr)`` with 2 updates that both move the weights."""
+    from esreason.embedded import demo_model_dir
+    from esreason.io.hashing import hash_directory_safetensors
+
+    run = factory.mktemp(name) / "run"
+    rc, err = train(demo_model_dir(), run)
+    assert rc == 0, err
+    step = [hash_directory_safetensors(run / "checkpoints" / f"step_{i}") for i in (1, 2)]
+    assert step[0] != step[1]  # update 2 moves the weights: re-training it is a real check
+    return run
+
+
+def extended_run(train, ref: Path, model_dir: Path, tmp: Path) -> tuple[Path, Path]:
+    """``ref`` (2 updates) resumed with train.max_steps=3, and a fresh 3-update run: their final weights match."""
+    from esreason.io.hashing import hash_directory_safetensors
+
+    run, longer = copy_run(ref, tmp / "run"), tmp / "longer"
+    rc, err = train(model_dir, run, "--resume", steps=3)
+    assert rc == 0, err
+    assert train(model_dir, longer, steps=3)[0] == 0
+    ckpt = Path("checkpoints") / "step_3"
+    assert hash_directory_safetensors(run / ckpt) == hash_directory_safetensors(longer / ckpt)
+    return run, longer
 
 
 def copy_run(src: Path, dst: Path) -> Path:

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fault_helpers import DAMAGES, copy_run, damage, one_line_error, run_cli, warnings_naming
+from fault_helpers import demo_dir  # noqa: F401  (a fixture)
+from fault_helpers import (DAMAGES, copy_run, damage, extended_run, one_line_error, reference_run, run_cli,
+                           warnings_naming)
 
 from esreason.io.hashing import hash_directory_safetensors
 from esreason.io.verify import select_checkpoint
@@ -46,19 +48,8 @@ def rows(run: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def demo_dir():
-    from esreason.embedded import demo_model_dir
-
-    return demo_model_dir()
-
-
-@pytest.fixture(scope="module")
-def ref(demo_dir, tmp_path_factory):
-    run = tmp_path_factory.mktemp("es-ref") / "run"
-    rc, err = train(demo_dir, run)
-    assert rc == 0, err
-    assert final(run, 1) != final(run, 2)  # update 2 moves the weights: re-training it is a real check
-    return run
+def ref(tmp_path_factory):
+    return reference_run(train, tmp_path_factory, "es-ref")
 
 
 def test_checkpoint_file_list_is_complete(ref):
@@ -159,12 +150,8 @@ def test_damaged_metrics_continue_with_the_lost_rows_named(ref, demo_dir, tmp_pa
 
 
 def test_a_longer_run_by_resume_equals_a_run_started_longer(ref, demo_dir, tmp_path):
-    run = copy_run(ref, tmp_path / "run")
-    rc, err = train(demo_dir, run, "--resume", steps=3)
-    assert rc == 0, err
-    longer = tmp_path / "longer"
-    assert train(demo_dir, longer, steps=3)[0] == 0
-    assert final(run, 3) == final(longer, 3) and rows(run) == rows(longer)
+    run, longer = extended_run(train, ref, demo_dir, tmp_path)
+    assert rows(run) == rows(longer)
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["max_steps"] == 3
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["config"]["train"]["max_steps"] == 3

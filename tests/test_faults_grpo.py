@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fault_helpers import DAMAGES, copy_run, damage, one_line_error, run_cli, warnings_naming
+from fault_helpers import demo_dir  # noqa: F401  (a fixture)
+from fault_helpers import (DAMAGES, copy_run, damage, extended_run, one_line_error, reference_run, run_cli,
+                           warnings_naming)
 
 from esreason.io.hashing import hash_directory_safetensors
 
@@ -30,19 +32,8 @@ def final(run: Path, step: int = 2) -> str:
 
 
 @pytest.fixture(scope="module")
-def demo_dir():
-    from esreason.embedded import demo_model_dir
-
-    return demo_model_dir()
-
-
-@pytest.fixture(scope="module")
-def ref(demo_dir, tmp_path_factory):
-    run = tmp_path_factory.mktemp("grpo-ref") / "run"
-    rc, err = train(demo_dir, run)
-    assert rc == 0, err
-    assert final(run, 1) != final(run, 2)
-    return run
+def ref(tmp_path_factory):
+    return reference_run(train, tmp_path_factory, "grpo-ref")
 
 
 def newest_files(run: Path) -> list[Path]:
@@ -94,11 +85,6 @@ def test_no_intact_checkpoint_and_resume_from_are_one_line(ref, demo_dir, tmp_pa
 
 
 def test_a_longer_run_by_resume_equals_a_run_started_longer(ref, demo_dir, tmp_path):
-    run = copy_run(ref, tmp_path / "run")
-    rc, err = train(demo_dir, run, "--resume", steps=3)
-    assert rc == 0, err
-    longer = tmp_path / "longer"
-    assert train(demo_dir, longer, steps=3)[0] == 0
-    assert final(run, 3) == final(longer, 3)
+    run, _ = extended_run(train, ref, demo_dir, tmp_path)
     one_line_error(*train(demo_dir, run, "--resume", "--set", "grpo.lr_scheduler=linear", steps=4),
                    "grpo.lr_scheduler")

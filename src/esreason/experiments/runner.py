@@ -87,7 +87,9 @@ def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool) 
     run = exp / "runs" / method.name
     done = run / DONE_FILE
     key = fingerprint(method, spec)
-    record = _read_done(done)
+    from esreason.io.verify import read_rebuildable
+
+    record = read_rebuildable(done, "resuming the method's training run to rebuild it")
     if record is not None:
         if record.get("fingerprint") != key:
             raise UserError(f"{run} was trained from a different {method.name} config than this experiment's "
@@ -134,19 +136,6 @@ def _intact(checkpoint: Path, name: str) -> bool:
         warn(f"checkpoint damaged: {exc}; resuming {name}'s training to rebuild it")
         return False
     return True
-
-
-def _read_done(done: Path) -> dict[str, Any] | None:
-    """A method's done.json, or None when there is none or it is damaged (warned: the run is resumed and checked)."""
-    from esreason.io.verify import DamagedFile, read_json_object, warn
-
-    if not done.exists():
-        return None
-    try:
-        return read_json_object(done)
-    except DamagedFile as exc:
-        warn(f"{exc}; resuming the method's training run to rebuild it")
-        return None
 
 
 def _config_dict(cfg: Any) -> dict[str, Any]:

@@ -157,8 +157,9 @@ def load_sequence(path: str | Path | None, overrides: Sequence[str] = (),
 
 
 def train_method(method: str, config: Any, out: Path, progress: bool) -> tuple[int, Path | None]:
-    """Train one ES or GRPO run into ``out`` (resumed when it has metrics); (updates done, final checkpoint)."""
-    resume = (out / "metrics.jsonl").exists()
+    """Train one ES or GRPO run into ``out`` (resumed when it holds one); (updates done, final checkpoint)."""
+    # any trace of a run (metrics.jsonl may be the damaged or deleted file) means: resume it
+    resume = any((out / name).exists() for name in ("metrics.jsonl", "config.yaml", "checkpoints"))
     if method == "es":
         from esreason.es_loop.run import run_es
 
@@ -188,19 +189,6 @@ def _recorded_start_hash(run_dir: Path) -> str | None:
     return (manifest.get("model") or {}).get("sha256_tensors")
 
 
-def _read_record(seq_file: Path) -> dict[str, Any] | None:
-    """The stored sequence.json, or None when there is none or it is damaged (warned; it is rewritten)."""
-    from esreason.io.verify import DamagedFile, read_json_object, warn
-
-    if not seq_file.exists():
-        return None
-    try:
-        return read_json_object(seq_file)
-    except DamagedFile as exc:
-        warn(f"{exc}; rewriting it (the stage directories are checked on their own)")
-        return None
-
-
 def run_sequence(plan: SequencePlan, output: str | Path, *, progress: bool = True) -> SequenceResult:
     """Run both stages into ``output`` (resumable: finished stages are skipped)."""
     from esreason.io.atomic import atomic_write_json
@@ -214,7 +202,9 @@ def run_sequence(plan: SequencePlan, output: str | Path, *, progress: bool = Tru
                               "budget_rule": "stage 1: T // 2, stage 2: T - T // 2 (equal split)",
                               "data_schedule": "each stage restarts its own schedule", "results": []}
     seq_file = out / SEQUENCE_FILE
-    old = _read_record(seq_file)
+    from esreason.io.verify import read_rebuildable
+
+    old = read_rebuildable(seq_file, "rewriting it (the stage directories are checked on their own)")
     if old is not None:
         if old.get("stages") != record["stages"] or old.get("split") != record["split"]:
             raise UserError(f"{out} holds a sequence {old.get('stages')} split {old.get('split')}; "

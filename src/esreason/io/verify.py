@@ -130,6 +130,18 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def read_rebuildable(path: str | Path, remedy: str) -> dict[str, Any] | None:
+    """A JSON record the caller can rebuild: None when missing, or when damaged (one warning: ``remedy``)."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        return read_json_object(p)
+    except DamagedFile as exc:
+        warn(f"{exc}; {remedy}")
+        return None
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Parse a YAML mapping; :class:`DamagedFile` when missing, not UTF-8, not YAML or not a mapping."""
     import yaml
@@ -205,5 +217,5 @@ def select_checkpoint(checkpoints_dir: str | Path, load_state: Callable[[int, Pa
 
 
 __all__ = ["CHECKSUM_KIND", "DamagedFile", "checksum_manifest", "file_checksums", "read_json",
-           "parse_step_name", "read_json_object", "read_yaml_mapping", "select_checkpoint", "step_dirs", "verify_checkpoint",
+           "parse_step_name", "read_json_object", "read_rebuildable", "read_yaml_mapping", "select_checkpoint", "step_dirs", "verify_checkpoint",
            "verify_files", "warn"]
