@@ -96,6 +96,16 @@ def test_tensorboard_has_no_rows_of_abandoned_steps(ref, demo_dir, tmp_path):
     assert [e.value for e in events] == pytest.approx([r["reward/mean"] for r in rows(ref)])
 
 
+@pytest.mark.parametrize("kind", DAMAGES)
+def test_damaged_tensorboard_events_are_not_read(ref, demo_dir, tmp_path, kind):
+    run = copy_run(ref, tmp_path / "run")
+    for events in (run / "tensorboard").glob("events.*"):
+        damage(events, kind)
+    rc, err = train(demo_dir, run, "--resume")
+    assert rc == 0 and "Traceback" not in err, err
+    assert final(run) == final(ref) and rows(run) == rows(ref)
+
+
 def test_no_intact_checkpoint_is_a_one_line_error(ref, demo_dir, tmp_path):
     run = copy_run(ref, tmp_path / "run")
     damage(run / "checkpoints" / "step_2" / "model.safetensors", "truncate")

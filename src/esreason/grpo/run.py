@@ -289,7 +289,10 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
                 # TRL 1.16 reads a property transformers 5.23 renamed; nothing for users to act on.
                 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
                                         category=FutureWarning)
-                trainer.train(resume_from_checkpoint=str(point.trl_checkpoint) if point else None)
+                # A finished run trains nothing: transformers would run one more step when resumed at
+                # max_steps in the middle of an epoch (a rerun sequence stage grew a step_{T+1}).
+                if point is None or point.step < plan.total_updates:
+                    trainer.train(resume_from_checkpoint=str(point.trl_checkpoint) if point else None)
         finally:
             bar.close()
     final = checkpoints.last
