@@ -183,3 +183,13 @@ def test_an_epoch_based_run_can_be_extended_by_epochs(demo_dir, tmp_path):
     assert run_cli(["train", "es", *sets(demo_dir, 2), *epochs, "--set", "train.epochs=2", "--set",
                     "train.limit=4", "--output", str(longer), "--no-progress"])[0] == 0
     assert final(run, 2) == final(longer, 2) and rows(run) == rows(longer)
+
+
+def test_evaluating_a_damaged_checkpoint_is_a_one_line_error(ref, tmp_path):
+    run = copy_run(ref, tmp_path / "run")
+    damage(run / "checkpoints" / "step_2" / "model.safetensors", "garble")
+    rc, err = run_cli(["eval", "--model", str(run / "checkpoints" / "step_2"), "--tasks", "demo-add", "--samples",
+                       "1", "--limit", "1", "--max-new-tokens", "4", "--output", str(tmp_path / "eval"),
+                       "--no-progress"])
+    one_line_error(rc, err, "step_2/model.safetensors")
+    assert not (tmp_path / "eval").exists()
