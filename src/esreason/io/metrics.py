@@ -9,6 +9,8 @@ Resume contract: a run resumed from checkpoint step S calls ``truncate_metrics(p
 (or opens ``MetricsLogger(run_dir, truncate_after=S)``), so rows logged after the
 checkpoint are dropped and the resumed run's file equals the uninterrupted run's, byte for
 byte. The same S purges the TensorBoard events after S (``SummaryWriter(purge_step=S+1)``).
+On resume, damaged lines (not UTF-8 JSON rows: a zero-filled or garbled file) are dropped too,
+and one warning names the file and the updates whose rows are missing (docs/faults.md).
 """
 
 from __future__ import annotations
