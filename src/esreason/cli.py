@@ -47,7 +47,7 @@ def _cmd_train_es(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set or [])
     output = Path(args.output) if args.output else _default_output(args.config, "es")
-    result = run_es(cfg, output, resume=args.resume, progress=not args.no_progress)
+    result = run_es(cfg, output, resume=args.resume, progress=not args.no_progress, resume_from=args.resume_from)
     print(f"ES run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
     print(f"run directory: {output}")
     return 0
@@ -93,7 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train_es)
 
+    from esreason.grpo.run import add_resume_from
     from esreason.grpo.run import register as register_grpo
+
+    add_resume_from(p)
 
     register_grpo(train)
     from esreason.experiments.sequence import register as register_sequence

@@ -39,6 +39,20 @@ def resolve_model_path(spec: str) -> str:
     return spec
 
 
+def _verify_if_checkpoint(spec: str, path: str) -> None:
+    """An esreason checkpoint (a ``COMPLETE`` checksum manifest beside the weights) must verify before it
+    is loaded: UserError naming the damaged file (docs/faults.md)."""
+    from esreason.io.atomic import COMPLETE_MARKER
+    from esreason.io.verify import DamagedFile, verify_checkpoint
+
+    if not (Path(path) / COMPLETE_MARKER).is_file():
+        return
+    try:
+        verify_checkpoint(path)
+    except DamagedFile as exc:
+        raise UserError(f"cannot load model {spec!r}: {exc}") from None
+
+
 def load_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
     """Load (model, tokenizer) from 'demo', a local HF directory or a hub id; model in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -48,6 +62,7 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
     path = resolve_model_path(spec)
+    _verify_if_checkpoint(spec, path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])

@@ -9,7 +9,6 @@ the resumed run ends bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,9 +16,8 @@ import yaml
 
 from esreason.config import RunConfig, to_dict
 from esreason.errors import UserError
+from esreason.es_loop.resume import CONFIG_FILE, ResumeCheck, record_extension
 from esreason.es_loop.trainer import ES_STATE_FILE, ESTrainer, TrainResult
-
-CONFIG_FILE = "config.yaml"
 
 
 def _task_data_path(cfg: RunConfig, task: str) -> str | None:
@@ -64,52 +62,54 @@ def flatten_eval(res: dict[str, Any], prefix: str = "heldout") -> dict[str, floa
     return out
 
 
-def check_resume_config(run_path: Path, cfg: Any) -> None:
-    """Refuse ``--resume`` when ``cfg`` differs from the run's saved ``config.yaml`` (ES and GRPO runs);
-    the error lists the first differing dotted keys."""
-    saved_path = run_path / CONFIG_FILE
-    if not saved_path.is_file():
-        return
-    saved = yaml.safe_load(saved_path.read_text())
-    now = to_dict(cfg)
-    if saved != now:
-        diffs = _diff(saved, now)
-        raise UserError(f"--resume with a different config than {saved_path}: " + "; ".join(diffs[:5]))
+def check_resume_config(run_path: Path, cfg: Any) -> ResumeCheck:
+    """Refuse ``--resume`` when ``cfg`` differs from the run's saved config other than by a longer
+    schedule (ES and GRPO runs); see :mod:`esreason.es_loop.resume`."""
+    from esreason.es_loop.resume import check_resume_config as check
+
+    return check(run_path, cfg)
 
 
-def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
-        return out
-    return [] if a == b else [f"{prefix}: {a!r} -> {b!r}"]
+def load_es_state(step: int, ckpt: Path) -> dict[str, Any]:
+    """A checkpoint's ``es_state.json``; DamagedFile when unreadable or for another step."""
+    from esreason.io.verify import DamagedFile, read_json_object
+
+    path = Path(ckpt) / ES_STATE_FILE
+    state = read_json_object(path)
+    if state.get("step") != step:
+        raise DamagedFile(path, f"says step {state.get('step')!r}, the directory is step_{step}")
+    return state
 
 
-def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress: bool = True) -> TrainResult:
-    """Train with ES according to ``cfg`` into run directory ``output``."""
+def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress: bool = True,
+           resume_from: int | None = None) -> TrainResult:
+    """Train with ES according to ``cfg`` into run directory ``output``.
+
+    ``resume``: continue from the newest intact checkpoint (damaged newer ones are named in a
+    warning, docs/faults.md); ``resume_from``: from ``checkpoints/step_{resume_from}`` (implies resume).
+    """
     from esreason import tasks, verifiers
     from esreason.backends.hf import HFPolicy, load_model, resolve_model_path
     from esreason.backends.sampling import Sampler
     from esreason.io import MetricsLogger, RunDir, build_manifest, clean_stale_tmp, write_manifest
     from esreason.io.atomic import atomic_write_text
+    from esreason.io.verify import select_checkpoint
 
+    resume = resume or resume_from is not None
     out = Path(output)
     run_dir = RunDir(out)
     if not resume and run_dir.metrics_path.exists():
         raise UserError(f"run directory {out} already holds a run; pass --resume to continue it "
                         "or choose another --output")
     start_step, start_model = 0, cfg.model
+    check = ResumeCheck(rewrite_config=True, rewrite_manifest=True)
     if resume:
-        check_resume_config(out, cfg)
+        check = check_resume_config(out, cfg)
         if run_dir.checkpoints_dir.exists():
             clean_stale_tmp(run_dir.checkpoints_dir)
-        latest = run_dir.latest_checkpoint()
-        if latest is not None:
-            start_step, ckpt = latest
-            state = json.loads((Path(ckpt) / ES_STATE_FILE).read_text())
-            if state["step"] != start_step:
-                raise UserError(f"checkpoint {ckpt}: es_state.json says step {state['step']}")
+        point = select_checkpoint(run_dir.checkpoints_dir, load_es_state, resume_from)
+        if point is not None:
+            start_step, ckpt, _ = point
             start_model = str(ckpt)
 
     # Task data first: a bad dataset fails before the model is loaded.
@@ -126,13 +126,15 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     generator = Sampler(model, tokenizer, batch_size=cfg.generation.batch_size)
 
     out.mkdir(parents=True, exist_ok=True)
-    if not resume or not (out / CONFIG_FILE).exists():
+    if check.rewrite_config:
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if check.rewrite_manifest:
         resolved = resolve_model_path(cfg.model)
         model_dir = resolved if Path(resolved).is_dir() else None  # hub ids are not hashed
         manifest = build_manifest(to_dict(cfg), seeds={"train.seed": cfg.train.seed}, model_dir=model_dir,
                                   datasets={cfg.task: f"{len(problems)} problems, split {cfg.train.split}"})
         write_manifest(out, manifest)
+    record_extension(out, cfg, check, start_step)
     heldout = make_heldout(cfg, generator, tokenizer)
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
     truncate_after = (start_step if start_step else -1) if resume else None

@@ -157,6 +157,7 @@ class ESTrainer:
 
     def save_checkpoint(self, steps_done: int) -> Path:
         from esreason.io import atomic_directory
+        from esreason.io.verify import checksum_manifest
 
         self.wait_reference()
         final = self.run_dir.checkpoint_path(steps_done)
@@ -170,7 +171,7 @@ class ESTrainer:
             "train_seed": self.cfg.train.seed,
             "rng": "all randomness is derived from (train.seed, step); see esreason.es.population",
         }
-        with atomic_directory(final) as tmp:
+        with atomic_directory(final, marker_text=checksum_manifest) as tmp:  # COMPLETE: sha256 of every file
             self.policy.save(tmp)
             (Path(tmp) / ES_STATE_FILE).write_text(json.dumps(state, indent=2))
         self._prune_checkpoints()

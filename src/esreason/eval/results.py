@@ -65,38 +65,67 @@ def repair_tail(path: Path) -> int:
         return size
 
 
+def _parse_record(raw: bytes) -> SampleRecord | None:
+    try:
+        return SampleRecord.from_dict(json.loads(raw.decode("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def scan_responses(path: Path) -> tuple[list[SampleRecord], list[int]]:
+    """(records of every complete valid line, line numbers of damaged complete lines); a torn last line is skipped."""
+    if not path.exists():
+        return [], []
+    lines = path.read_bytes().split(b"\n")
+    lines.pop()  # the torn last line, or b"" after a final newline
+    records, damaged = [], []
+    for lineno, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        rec = _parse_record(raw)
+        if rec is None:
+            damaged.append(lineno)
+        else:
+            records.append(rec)
+    return records, damaged
+
+
 def read_responses(path: Path) -> list[SampleRecord]:
     """All complete lines of a responses file (a torn last line is skipped).
 
     A complete line that is not a valid record raises UserError naming the file and line.
     """
-    if not path.exists():
-        return []
-    records = []
-    with open(path, "r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.endswith("\n"):
-                break  # torn last line
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                records.append(SampleRecord.from_dict(row))
-            except (json.JSONDecodeError, TypeError, KeyError) as exc:
-                raise UserError(f"{path}: line {lineno} is not a response record ({exc}); "
-                                f"remove the file or use another --output") from None
+    records, damaged = scan_responses(path)
+    if damaged:
+        raise UserError(f"{path}: line {damaged[0]} is not a response record; "
+                        f"rerun the evaluation into the same --output to repair it")
     return records
 
 
 class ResponsesFile:
-    """One task's ``responses.jsonl``: what is answered already, and appending new answers."""
+    """One task's ``responses.jsonl``: what is answered already, and appending new answers.
+
+    Opening it repairs the file (docs/faults.md): damaged lines are dropped with a one-line
+    warning, and a repeated (problem, greedy, sample) keeps its last line, so the file holds
+    exactly one line per response; the dropped responses are sampled again (same seeds).
+    """
 
     def __init__(self, path: str | Path, protocol: Protocol) -> None:
         self.path = Path(path)
         self.protocol = protocol
         self._by_problem: dict[str, dict[tuple[bool, int], SampleRecord]] = {}
-        for rec in read_responses(self.path):
+        records, damaged = scan_responses(self.path)
+        for rec in records:
             self._by_problem.setdefault(rec.problem_id, {})[(rec.greedy, rec.sample)] = rec
+        kept = sum(len(v) for v in self._by_problem.values())
+        if damaged or kept != len(records):
+            if damaged:
+                from esreason.io.verify import warn
+
+                warn(f"{self.path}: {len(damaged)} damaged line(s) (first: line {damaged[0]}) dropped; "
+                     "their responses are sampled again")
+            atomic_write_text(self.path, "".join(r.to_json() + "\n" for v in self._by_problem.values()
+                                                 for r in v.values()))
 
     def check_fingerprints(self, fingerprints: Mapping[str, str]) -> None:
         """UserError when a stored problem's messages or gold differ from the current one."""
@@ -123,12 +152,18 @@ class ResponsesFile:
         return ProblemRecord(samples[0].task, problem_id, samples, greedy)
 
     def append(self, records: Iterable[ProblemRecord]) -> None:
-        """Append every line of ``records`` (one write + flush per line) and remember them."""
+        """Append the lines of ``records`` not stored yet (one write + flush per line) and remember them.
+
+        A problem answered in part before (a resumed run) gets only its missing lines, so the
+        file never holds two lines for one (problem, greedy, sample).
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         repair_tail(self.path)
         with open(self.path, "a", encoding="utf-8") as fh:
             for rec in records:
                 for line in rec.lines():
+                    if (line.greedy, line.sample) in self._by_problem.get(line.problem_id, {}):
+                        continue
                     fh.write(line.to_json() + "\n")
                     fh.flush()
                     self._by_problem.setdefault(line.problem_id, {})[(line.greedy, line.sample)] = line
@@ -151,10 +186,13 @@ def check_manifest(out_dir: Path, current: Mapping[str, Any]) -> dict[str, Any] 
             raise UserError(f"{out_dir} has responses ({leftovers[0]}) but no {MANIFEST_FILE}; "
                             f"cannot tell how they were sampled — use another --output")
         return None
+    from esreason.io.verify import DamagedFile, read_json
+
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc})") from None
+        stored = read_json(path)
+    except DamagedFile as exc:
+        raise UserError(f"{exc}: cannot tell how the responses in {out_dir} were sampled; "
+                        "use another --output") from None
     if not isinstance(stored, dict) or stored.get("kind") != MANIFEST_KIND:
         raise UserError(f"{out_dir} is not an esreason evaluation directory ({path} kind "
                         f"{stored.get('kind') if isinstance(stored, dict) else None!r}); use another --output")

@@ -46,10 +46,16 @@ def _plain(obj: Any) -> Any:
 
 def check_same_spec(exp: Path, spec: ExperimentSpec) -> None:
     """Refuse to continue an experiment directory whose trained methods came from another spec."""
+    from esreason.io.verify import DamagedFile, read_yaml_mapping, warn
+
     stored_path = exp / SPEC_FILE
     if not stored_path.is_file():
         return
-    stored = yaml.safe_load(stored_path.read_text()) or {}
+    try:
+        stored = read_yaml_mapping(stored_path)
+    except DamagedFile as exc:  # rewritten below; done.json fingerprints still guard every trained method
+        warn(f"{exc}; rewriting it from this spec")
+        return
     current = _plain(spec.raw)
     for key in TRAINING_KEYS:
         if _plain(stored.get(key)) != current.get(key):
@@ -81,12 +87,14 @@ def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool) 
     run = exp / "runs" / method.name
     done = run / DONE_FILE
     key = fingerprint(method, spec)
-    if done.is_file():
-        record = json.loads(done.read_text())
+    from esreason.io.verify import read_rebuildable
+
+    record = read_rebuildable(done, "resuming the method's training run to rebuild it")
+    if record is not None:
         if record.get("fingerprint") != key:
             raise UserError(f"{run} was trained from a different {method.name} config than this experiment's "
                             f"(fingerprint in {done} differs); use another output directory")
-        if (exp / record["checkpoint"]).is_dir():
+        if (exp / record["checkpoint"]).is_dir() and _intact(exp / record["checkpoint"], method.name):
             return record
     stages = TRAINED[method.kind]
     t0 = time.perf_counter()
@@ -116,6 +124,18 @@ def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool) 
               "train_seconds": round(time.perf_counter() - t0, 1)}
     atomic_write_json(done, record)
     return record
+
+
+def _intact(checkpoint: Path, name: str) -> bool:
+    """Whether a trained method's final checkpoint verifies; a damaged one is warned about (and retrained)."""
+    from esreason.io.verify import DamagedFile, verify_checkpoint, warn
+
+    try:
+        verify_checkpoint(checkpoint)
+    except DamagedFile as exc:
+        warn(f"checkpoint damaged: {exc}; resuming {name}'s training to rebuild it")
+        return False
+    return True
 
 
 def _config_dict(cfg: Any) -> dict[str, Any]:

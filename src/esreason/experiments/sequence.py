@@ -30,7 +30,6 @@ stage is skipped, an interrupted one continues from its last checkpoint.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -158,8 +157,9 @@ def load_sequence(path: str | Path | None, overrides: Sequence[str] = (),
 
 
 def train_method(method: str, config: Any, out: Path, progress: bool) -> tuple[int, Path | None]:
-    """Train one ES or GRPO run into ``out`` (resumed when it has metrics); (updates done, final checkpoint)."""
-    resume = (out / "metrics.jsonl").exists()
+    """Train one ES or GRPO run into ``out`` (resumed when it holds one); (updates done, final checkpoint)."""
+    # any trace of a run (metrics.jsonl may be the damaged or deleted file) means: resume it
+    resume = any((out / name).exists() for name in ("metrics.jsonl", "config.yaml", "checkpoints"))
     if method == "es":
         from esreason.es_loop.run import run_es
 
@@ -179,7 +179,12 @@ def _run_stage(stage: StagePlan, out: Path, progress: bool) -> Path:
 
 
 def _recorded_start_hash(run_dir: Path) -> str | None:
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    from esreason.io.verify import DamagedFile, read_json_object
+
+    try:
+        manifest = read_json_object(run_dir / "manifest.json")
+    except DamagedFile as exc:
+        raise UserError(f"{exc}: cannot check stage 2's starting model") from None
     return (manifest.get("model") or {}).get("sha256_tensors")
 
 
@@ -196,8 +201,10 @@ def run_sequence(plan: SequencePlan, output: str | Path, *, progress: bool = Tru
                               "budget_rule": "stage 1: T // 2, stage 2: T - T // 2 (equal split)",
                               "data_schedule": "each stage restarts its own schedule", "results": []}
     seq_file = out / SEQUENCE_FILE
-    if seq_file.exists():
-        old = json.loads(seq_file.read_text())
+    from esreason.io.verify import read_rebuildable
+
+    old = read_rebuildable(seq_file, "rewriting it (the stage directories are checked on their own)")
+    if old is not None:
         if old.get("stages") != record["stages"] or old.get("split") != record["split"]:
             raise UserError(f"{out} holds a sequence {old.get('stages')} split {old.get('split')}; "
                             f"this one is {record['stages']} split {record['split']}: choose another output")

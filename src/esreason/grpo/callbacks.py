@@ -153,8 +153,28 @@ class CheckpointCallback(TrainerCallback):
             "total_updates": self.plan.total_updates,
             "train_seed": self.train_seed,
             "plan": self.plan.as_dict(),
+            # sha256 + size of every file of TRL's checkpoint, verified on resume (docs/faults.md)
+            "trl_files": trl_checksums(trl_ckpt) if state.is_world_process_zero else {},
         }
         self.last = self.save(update, grpo_state, kwargs.get("model"))
+
+
+def trl_checksums(trl_ckpt: Path) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every file TRL wrote into ``trl_ckpt`` (recorded in grpo_state.json)."""
+    from esreason.io.verify import file_checksums
+
+    return file_checksums(trl_ckpt)
+
+
+def verify_trl_checkpoint(trl_ckpt: Path, grpo_state: dict[str, Any]) -> None:
+    """Check TRL's checkpoint against grpo_state.json's ``trl_files``; DamagedFile names the first bad file.
+
+    A grpo_state.json written before checksums existed has no ``trl_files``: accepted unverified.
+    """
+    from esreason.io.verify import verify_files
+
+    if "trl_files" in grpo_state:
+        verify_files(Path(trl_ckpt), grpo_state["trl_files"], Path(trl_ckpt))
 
 
 def write_hf_checkpoint(directory: Path, model: Any, tokenizer: Any, grpo_state: dict[str, Any],
@@ -171,4 +191,4 @@ def write_hf_checkpoint(directory: Path, model: Any, tokenizer: Any, grpo_state:
 
 
 __all__ = ["CheckpointCallback", "GRPO_STATE_FILE", "HeldoutCallback", "MetricsCallback", "TRL_DIR",
-           "trl_checkpoint_name", "write_hf_checkpoint"]
+           "trl_checkpoint_name", "trl_checksums", "verify_trl_checkpoint", "write_hf_checkpoint"]

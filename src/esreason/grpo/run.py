@@ -17,7 +17,6 @@ checks bit-identical final weights on CPU).
 from __future__ import annotations
 
 import argparse
-import json
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,30 +47,38 @@ class ResumePoint:
     optimizer_steps: int
 
 
-def find_resume_point(out: Path) -> ResumePoint | None:
-    """Newest complete RUN/checkpoints/step_N with its TRL checkpoint; None if there is no checkpoint.
+def _load_grpo_state(out: Path) -> Any:
+    """``load_state`` for :func:`esreason.io.verify.select_checkpoint`: grpo_state.json and the verified TRL state."""
+    from esreason.grpo.callbacks import GRPO_STATE_FILE, verify_trl_checkpoint
+    from esreason.io.verify import DamagedFile, read_json_object
 
-    Raises UserError when checkpoints exist but none has its TRL state (the optimizer state
-    is needed for an exact resume).
-    """
-    from esreason.grpo.callbacks import GRPO_STATE_FILE
-    from esreason.io import RunDir
-
-    ckpts = RunDir(out).list_checkpoints()
-    for step, path in reversed(ckpts):
+    def load(step: int, path: Path) -> ResumePoint:
         state_file = path / GRPO_STATE_FILE
-        if not state_file.is_file():
+        if not state_file.exists():
             raise UserError(f"checkpoint {path} has no {GRPO_STATE_FILE}: not a GRPO run directory")
-        state = json.loads(state_file.read_text())
-        if state.get("step") != step:
-            raise UserError(f"checkpoint {path}: {GRPO_STATE_FILE} says step {state.get('step')}")
+        state = read_json_object(state_file)
+        if state.get("step") != step or not isinstance(state.get("trl_checkpoint"), str):
+            raise DamagedFile(state_file, f"says step {state.get('step')!r}, the directory is step_{step}")
         trl_ckpt = out / state["trl_checkpoint"]
-        if (trl_ckpt / "trainer_state.json").is_file():
-            return ResumePoint(step, path, trl_ckpt, int(state["optimizer_steps"]))
-    if ckpts:
-        raise UserError(f"{out}: no checkpoint has its trainer state under {out / 'trl'} "
-                        "(optimizer and data position); cannot resume exactly")
-    return None
+        if not (trl_ckpt / "trainer_state.json").is_file():
+            raise DamagedFile(trl_ckpt / "trainer_state.json", "missing (TRL's optimizer state and data position)")
+        verify_trl_checkpoint(trl_ckpt, state)
+        return ResumePoint(step, path, trl_ckpt, int(state["optimizer_steps"]))
+
+    return load
+
+
+def find_resume_point(out: Path, resume_from: int | None = None) -> ResumePoint | None:
+    """Newest intact RUN/checkpoints/step_N with its intact TRL checkpoint; None if there is no checkpoint.
+
+    Damaged newer checkpoints (files or TRL state) are named in a warning; UserError when
+    checkpoints exist but none is intact (the optimizer state is needed for an exact resume).
+    """
+    from esreason.io import RunDir
+    from esreason.io.verify import select_checkpoint
+
+    found = select_checkpoint(RunDir(out).checkpoints_dir, _load_grpo_state(out), resume_from)
+    return None if found is None else found[2]
 
 
 def _drop_newer_trl_states(trl_dir: Path, optimizer_steps: int) -> None:
@@ -114,16 +121,21 @@ def _build_dataset(problems: list[Any]) -> Any:
     return Dataset.from_list(rows)
 
 
-def _check_run_dir(out: Path, cfg: GRPORunConfig, resume: bool) -> ResumePoint | None:
+def _check_run_dir(out: Path, cfg: GRPORunConfig, resume: bool,
+                   resume_from: int | None = None) -> tuple[ResumePoint | None, Any]:
     """Read-only checks every process makes before anything is written. Fresh run: refuse a
     directory that holds one. Resume: same config, and the point to continue from (None: start over)."""
-    from esreason.es_loop.run import check_resume_config
+    from esreason.es_loop.resume import ResumeCheck, check_resume_config
 
     if not resume:
         _check_fresh(out)
-        return None
-    check_resume_config(out, cfg)
-    return find_resume_point(out)
+        return None, ResumeCheck(rewrite_config=True, rewrite_manifest=True)
+    check = check_resume_config(out, cfg)
+    if check.extended and cfg.grpo.lr_scheduler != "constant":
+        raise UserError(f"config key 'grpo.lr_scheduler': {cfg.grpo.lr_scheduler!r} depends on the run's length, "
+                        f"so a longer run by --resume ({', '.join(check.extended)}) would not match a run "
+                        "started with the larger value; only a constant schedule can be extended")
+    return find_resume_point(out, resume_from), check
 
 
 def _clean_run_dir(out: Path, point: ResumePoint | None) -> None:
@@ -155,17 +167,23 @@ def _check_processes(cfg: GRPORunConfig, procs: Processes) -> None:
 
 
 def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchPlan,
-                  trl_kwargs: dict[str, Any]) -> None:
-    """RUN/config.yaml and RUN/manifest.json (with the batch plan and every TRL argument)."""
+                  trl_kwargs: dict[str, Any], check: Any, start: int = 0) -> None:
+    """RUN/config.yaml and RUN/manifest.json (with the batch plan and every TRL argument), where
+    ``check`` (:class:`esreason.es_loop.resume.ResumeCheck`) says they are new, damaged or extended."""
     import yaml
 
     from esreason.backends.hf import resolve_model_path
     from esreason.config import to_dict
+    from esreason.es_loop.resume import record_extension
     from esreason.grpo.trainer import TRL_VERSION
     from esreason.io import build_manifest, write_manifest
     from esreason.io.atomic import atomic_write_text
 
-    atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if check.rewrite_config:
+        atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    if not check.rewrite_manifest:
+        record_extension(out, cfg, check, start)
+        return
     resolved = resolve_model_path(cfg.model)
     model_dir = resolved if Path(resolved).is_dir() else None  # hub ids are not hashed
     manifest = build_manifest(to_dict(cfg), seeds={"train.seed": cfg.train.seed}, model_dir=model_dir,
@@ -175,8 +193,11 @@ def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchP
     write_manifest(out, manifest)
 
 
-def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, progress: bool = True) -> GRPOResult:
+def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, progress: bool = True,
+             resume_from: int | None = None) -> GRPOResult:
     """Train with GRPO according to ``cfg`` into run directory ``output``.
+
+    ``resume``: from the newest intact checkpoint (docs/faults.md); ``resume_from``: from step_N.
 
     Runs as one process, or as one of P processes under ``accelerate launch`` (module
     :mod:`esreason.grpo.distributed`): the batch plan is global, only the main process writes.
@@ -190,14 +211,16 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
     from esreason.grpo.reward import TaskReward
     from esreason.grpo.trainer import PaperGRPOTrainer, build_trl_args, check_trl_version, make_grpo_config
     from esreason.io import MetricsLogger, RunDir, atomic_directory, progress_bar
+    from esreason.io.verify import checksum_manifest
 
     check_trl_version()
     _check_device(cfg)
     procs = Processes.from_env()
     _check_processes(cfg, procs)
+    resume = resume or resume_from is not None
     out = Path(output)
     run_dir = RunDir(out)
-    point = _check_run_dir(out, cfg, resume)
+    point, check = _check_run_dir(out, cfg, resume, resume_from)
 
     # Task data first: a bad dataset fails before the model is loaded.
     task = tasks.get(cfg.task)
@@ -220,8 +243,7 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
         if resume:
             _clean_run_dir(out, point)
         out.mkdir(parents=True, exist_ok=True)
-        if not resume or not (out / CONFIG_FILE).exists():
-            _write_header(out, cfg, len(problems), plan, trl_kwargs)
+        _write_header(out, cfg, len(problems), plan, trl_kwargs, check, point.step if point else 0)
     barrier()
     trainer: PaperGRPOTrainer | None = None
 
@@ -231,7 +253,7 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
         wrapped = wrapped_model if wrapped_model is not None else trainer.model_wrapped
         state_dict = full_state_dict(trainer.accelerator, wrapped)  # collective: every process
         if procs.is_main:
-            with atomic_directory(final) as tmp:
+            with atomic_directory(final, marker_text=checksum_manifest) as tmp:  # COMPLETE: sha256 of every file
                 cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state, state_dict=state_dict)
             if cfg.checkpoint.keep_last is not None:
                 run_dir.prune_checkpoints(cfg.checkpoint.keep_last)
@@ -263,7 +285,10 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
         _remove_console_callbacks(trainer)
         try:
             with known_library_noise():  # TRL's and the Trainer's known messages, by message and module
-                trainer.train(resume_from_checkpoint=str(point.trl_checkpoint) if point else None)
+                # A finished run trains nothing: transformers would run one more step when resumed at
+                # max_steps in the middle of an epoch (a rerun sequence stage grew a step_{T+1}).
+                if point is None or point.step < plan.total_updates:
+                    trainer.train(resume_from_checkpoint=str(point.trl_checkpoint) if point else None)
         finally:
             bar.close()
     final = checkpoints.last
@@ -288,12 +313,20 @@ def _default_output(config: str | None) -> Path:
     return Path("runs") / (Path(config).stem if config else "grpo")
 
 
+def add_resume_from(p: argparse.ArgumentParser) -> None:
+    """``--resume-from step_N`` (ES and GRPO): resume from that checkpoint; parsed to the int N."""
+    from esreason.io.verify import parse_step_name
+
+    p.add_argument("--resume-from", type=parse_step_name, metavar="step_N",
+                   help="continue the run in --output from checkpoints/step_N (implies --resume)")
+
+
 def _cmd_train_grpo(args: argparse.Namespace) -> int:
     from esreason.grpo.config import load_grpo_config
 
     cfg = load_grpo_config(args.config, args.set or [])
     output = Path(args.output) if args.output else _default_output(args.config)
-    result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress)
+    result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress, resume_from=args.resume_from)
     if Processes.from_env().is_main:  # one summary, not one per process
         print(f"GRPO run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
         print(f"run directory: {output}")
@@ -309,6 +342,7 @@ def register(train_subparsers: Any) -> argparse.ArgumentParser:
                    help="override a config key with a dotted name, e.g. --set grpo.beta=0 (repeatable)")
     p.add_argument("--output", help="run directory (default: runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint")
+    add_resume_from(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train_grpo)
     return p

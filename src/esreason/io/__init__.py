@@ -1,4 +1,5 @@
-"""Run-directory plumbing (DESIGN §1): atomic writes, metrics, manifests, hashes, progress.
+"""Run-directory plumbing (DESIGN §1): atomic writes, metrics, manifests, hashes, progress,
+verified checkpoints and damage-tolerant reads (:mod:`esreason.io.verify`, docs/faults.md).
 
 Typical trainer use::
 

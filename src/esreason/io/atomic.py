@@ -26,7 +26,7 @@ import shutil
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 TMP_PREFIX = ".tmp-"
 COMPLETE_MARKER = "COMPLETE"
@@ -167,7 +167,8 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_directory(final_dir: str | Path, *, marker: str | None = COMPLETE_MARKER) -> Iterator[Path]:
+def atomic_directory(final_dir: str | Path, *, marker: str | None = COMPLETE_MARKER,
+                     marker_text: Callable[[Path], str] | None = None) -> Iterator[Path]:
     """Yield a fresh temp directory beside ``final_dir``; on clean exit it becomes ``final_dir``.
 
     On clean exit: every file is fsynced, the ``marker`` file (default ``COMPLETE``) is
@@ -175,6 +176,9 @@ def atomic_directory(final_dir: str | Path, *, marker: str | None = COMPLETE_MAR
     An existing ``final_dir`` is swapped out atomically where the OS allows
     (``renameat2(RENAME_EXCHANGE)`` on Linux) and otherwise renamed aside first; the old
     copy is deleted afterwards. Readers see either the old or the new complete directory.
+
+    ``marker_text(tmp)``: the marker's content, computed after every other file is written
+    (checkpoints pass :func:`esreason.io.verify.checksum_manifest`: the sha256 of every file).
 
     On an exception (including KeyboardInterrupt) the temp directory is removed and the
     exception propagates. A killed process leaves only a ``.tmp-*`` directory, which
@@ -192,8 +196,9 @@ def atomic_directory(final_dir: str | Path, *, marker: str | None = COMPLETE_MAR
         for f in files:
             _fsync_path(f)
         if marker is not None:
+            text = marker_text(tmp) if marker_text is not None else "complete\n"
             with open(tmp / marker, "w", encoding="utf-8") as fh:
-                fh.write("complete\n")
+                fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
         for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):

@@ -9,6 +9,8 @@ Resume contract: a run resumed from checkpoint step S calls ``truncate_metrics(p
 (or opens ``MetricsLogger(run_dir, truncate_after=S)``), so rows logged after the
 checkpoint are dropped and the resumed run's file equals the uninterrupted run's, byte for
 byte. The same S purges the TensorBoard events after S (``SummaryWriter(purge_step=S+1)``).
+On resume, damaged lines (not UTF-8 JSON rows: a zero-filled or garbled file) are dropped too,
+and one warning names the file and the updates whose rows are missing (docs/faults.md).
 """
 
 from __future__ import annotations
@@ -26,37 +28,45 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
-def _split_rows(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
-    """Parse ``path`` into (original line text, row) pairs; second value: a torn tail was dropped.
+def _parse_line(raw: bytes) -> dict[str, Any] | None:
+    """The row of one line, or None when it is not UTF-8 JSON of an object with an integer 'step'."""
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
+def _split_rows(path: Path, lenient: bool = False) -> tuple[list[tuple[str, dict[str, Any]]], bool, int]:
+    """Parse ``path`` into (original line text, row) pairs, whether a torn tail was dropped, and
+    how many damaged lines were dropped (``lenient``; otherwise a damaged line raises UserError).
 
     The last line is "torn" when it has no trailing newline and does not parse to an
     object; a newline-less last line that parses is kept (its newline was all that was lost).
     """
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    tail = lines.pop()  # "" when the file ends with a newline
+    lines = path.read_bytes().split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
     rows: list[tuple[str, dict[str, Any]]] = []
+    bad = 0
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{i}: not a JSON line ({e.msg}); the metrics file is corrupt") from None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            raise UserError(f"{path}:{i}: expected an object with an integer 'step', got {line[:80]!r}")
-        rows.append((line, row))
+        row = _parse_line(line)
+        if row is None:
+            if lenient:
+                bad += 1
+                continue
+            raise UserError(f"{path}:{i}: expected an object with an integer 'step', got {line[:60]!r}; "
+                            "the metrics file is corrupt (a resumed run drops such lines)")
+        rows.append((line.decode("utf-8"), row))
     torn = False
     if tail.strip():
-        try:
-            row = json.loads(tail)
-        except json.JSONDecodeError:
-            row = None
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append((tail, row))
+        row = _parse_line(tail)
+        if row is not None:
+            rows.append((tail.decode("utf-8"), row))
         else:
             torn = True
-    return rows, torn
+    return rows, torn, bad
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -70,21 +80,22 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [row for _, row in _split_rows(p)[0]]
 
 
-def truncate_metrics(path: str | Path, max_step: int) -> int:
+def truncate_metrics(path: str | Path, max_step: int, *, lenient: bool = False) -> int:
     """Keep only rows with ``step <= max_step`` (original bytes kept), drop a torn last line.
 
+    ``lenient``: damaged lines (not UTF-8 JSON rows) are dropped too instead of raising.
     Rewrites the file atomically; a missing file is left missing. Returns the number of
-    rows dropped (a torn line counts as one).
+    rows dropped (a torn or damaged line counts as one).
     """
     p = Path(path)
     if not p.exists():
         return 0
-    rows, torn = _split_rows(p)
+    rows, torn, bad = _split_rows(p, lenient)
     kept = [line for line, row in rows if row["step"] <= max_step]
     text = "".join(line + "\n" for line in kept)
     if text.encode("utf-8") != p.read_bytes():
         atomic_write_text(p, text)
-    return len(rows) - len(kept) + int(torn)
+    return len(rows) - len(kept) + int(torn) + bad
 
 
 def _repair_tail(path: Path) -> None:
@@ -95,8 +106,20 @@ def _repair_tail(path: Path) -> None:
         fh.seek(-1, os.SEEK_END)
         if fh.read(1) == b"\n":
             return
-    rows, _ = _split_rows(path)
+    rows, _, _ = _split_rows(path)
     atomic_write_text(path, "".join(line + "\n" for line, _ in rows))
+
+
+def _warn_missing_rows(path: Path, last_step: int) -> None:
+    """On resume: one warning naming the file when rows of updates 1..last_step are missing (damage)."""
+    from esreason.io.verify import warn
+
+    have = {row["step"] for _, row in _split_rows(path)[0]} if path.exists() else set()
+    missing = [s for s in range(1, last_step + 1) if s not in have]
+    if missing:
+        span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}..{missing[-1]}"
+        warn(f"{path}: the rows of {len(missing)} update(s) ({span}) are missing or damaged; "
+             "training continues without them")
 
 
 def _scalar(value: Any) -> float | None:
@@ -135,7 +158,8 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILE
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if truncate_after is not None:
-            truncate_metrics(self.path, truncate_after)
+            truncate_metrics(self.path, truncate_after, lenient=True)
+            _warn_missing_rows(self.path, truncate_after)
         _repair_tail(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
         self._tb = None

@@ -226,8 +226,8 @@ def _read_json(path: Path, what: str) -> Any:
         raise UserError(f"{what} not found: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid JSON ({type(exc).__name__}); rerun the command that wrote it") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
 
@@ -235,14 +235,15 @@ def _read_json(path: Path, what: str) -> Any:
 def read_problems(path: Path) -> dict[str, dict[str, Any]]:
     """``problems.jsonl`` as ``{problem_id: row}``; UserError naming the file and line when malformed."""
     out: dict[str, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{lineno}: not a JSON line ({exc.msg})") from None
+                row = json.loads(raw.decode("utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise UserError(f"{path}:{lineno}: not a JSON line ({type(exc).__name__}); "
+                                "rerun the evaluation to rewrite it") from None
             if not isinstance(row, dict) or "problem_id" not in row:
                 raise UserError(f"{path}:{lineno}: expected an object with a 'problem_id'")
             out[str(row["problem_id"])] = row
