@@ -28,6 +28,7 @@ from esreason.errors import UserError
 from esreason.grpo.config import GRPORunConfig
 from esreason.grpo.distributed import Processes, barrier, full_state_dict
 from esreason.grpo.plan import BatchPlan
+from esreason.grpo.save_dtype import resolve_save_dtype
 
 CONFIG_FILE = "config.yaml"
 
@@ -216,6 +217,7 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
     # With a launcher each process loads on the CPU and transformers/accelerate place it (DDP: the
     # process's own GPU; FSDP: shards), so `device: cuda` never means cuda:0 for every process.
     model, tokenizer = load_model(cfg.model, cfg.dtype, "cpu" if procs.distributed else cfg.device)
+    save_dtype = resolve_save_dtype(cfg.checkpoint.save_dtype, cfg.model)  # 'base': the base's own dtype
     barrier()  # every process has checked the run directory before the main process writes to it
     if procs.is_main:
         if resume:
@@ -233,7 +235,8 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
         state_dict = full_state_dict(trainer.accelerator, wrapped)  # collective: every process
         if procs.is_main:
             with atomic_directory(final) as tmp:
-                cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state, state_dict=state_dict)
+                cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state, state_dict=state_dict,
+                                      save_dtype=save_dtype)
             if cfg.checkpoint.keep_last is not None:
                 run_dir.prune_checkpoints(cfg.checkpoint.keep_last)
         barrier()  # no process runs ahead of a checkpoint being written
