@@ -115,6 +115,19 @@ def _build_dataset(problems: list[Any]) -> Any:
     return Dataset.from_list(rows)
 
 
+def stream_problems(cfg: GRPORunConfig, problems: list[Any]) -> list[Any]:
+    """The prompts this run reads from the composition data stream, in order (B per update)."""
+    from esreason.es.schedule import Schedule, stream_items
+
+    schedule = Schedule(len(problems), cfg.train.batch_size, cfg.train.epochs, cfg.train.seed, cfg.train.stream_start)
+    updates = cfg.train.max_steps if cfg.train.max_steps is not None else schedule.total_steps
+    if updates < 1:
+        raise UserError(f"config key 'train.stream_start': {cfg.train.stream_start} leaves no full batch of "
+                        f"{cfg.train.batch_size} in {cfg.train.epochs} epoch(s) of {len(problems)} problems")
+    order = stream_items(len(problems), cfg.train.seed, cfg.train.stream_start, updates * cfg.train.batch_size)
+    return [problems[i] for i in order]
+
+
 def _check_run_dir(out: Path, cfg: GRPORunConfig, resume: bool) -> ResumePoint | None:
     """Read-only checks every process makes before anything is written. Fresh run: refuse a
     directory that holds one. Resume: same config, and the point to continue from (None: start over)."""
@@ -204,6 +217,8 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
     # Task data first: a bad dataset fails before the model is loaded.
     task = tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
+    if cfg.train.stream_start is not None:  # a composition stage: its prompts in stream order, unshuffled
+        problems = stream_problems(cfg, problems)
     plan = plan_batches(cfg, len(problems), procs.num_processes)
     scorer = verifiers.get(task.verifier, format_reward=cfg.grpo.format_reward)
     trl_kwargs = build_trl_args(cfg, plan, out / cb.TRL_DIR)
