@@ -203,7 +203,9 @@ class HFEngine:
     def join_group(self, spec: Any) -> None:
         from esreason.backends.collective import EngineGroup
 
-        self.group = None  # drop the old group first (its peers may be gone)
+        old, self.group = getattr(self, "group", None), None  # drop the old group first (its peers may be gone)
+        if old is not None:
+            old.close()
         self.group = EngineGroup(spec, next(self.policy.model.parameters()).device)
 
     def apply_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,

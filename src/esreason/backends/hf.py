@@ -18,6 +18,21 @@ from esreason.es.params import CentredParameters, unique_named_parameters
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+#: fp32 master weights of a checkpoint, in a subdirectory: vLLM's loader globs ``*.safetensors``
+#: in the model directory (not below it) and would otherwise read the masters as weights, and
+#: a tensor-name hash of the directory would see every name twice.
+MASTER_FILE = "es_master/master.safetensors"
+LEGACY_MASTER_FILE = "es_master.safetensors"  # checkpoints written before issue 17; read only
+
+
+def master_file(directory: str | Path) -> Path | None:
+    """The masters file of checkpoint ``directory`` (current or legacy place), or None."""
+    for name in (MASTER_FILE, LEGACY_MASTER_FILE):
+        path = Path(directory) / name
+        if path.is_file():
+            return path
+    return None
+
 
 def resolve_model_path(spec: str) -> str:
     """'demo' -> the embedded default's directory; a local dir as is; anything else is a hub id."""
@@ -94,7 +109,7 @@ class HFPolicy:
         return self.params.apply_update(seeds, weights, alpha, sharding)
 
     def save(self, directory: str | Path) -> None:
-        """HF checkpoint of the centre (model + tokenizer), plus fp32 masters when kept."""
+        """HF checkpoint of the centre (model + tokenizer), plus fp32 masters (:data:`MASTER_FILE`) when kept."""
         directory = Path(directory)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
@@ -102,12 +117,13 @@ class HFPolicy:
         if masters is not None:
             from safetensors.torch import save_file
 
-            save_file({n: t.contiguous() for n, t in masters.items()}, str(directory / "es_master.safetensors"))
+            (directory / MASTER_FILE).parent.mkdir(parents=True, exist_ok=True)
+            save_file({n: t.contiguous() for n, t in masters.items()}, str(directory / MASTER_FILE))
 
     def load_masters(self, directory: str | Path) -> bool:
-        """Load es_master.safetensors from a checkpoint if present; returns whether it did."""
-        path = Path(directory) / "es_master.safetensors"
-        if self.params.master_state() is None or not path.is_file():
+        """Load the fp32 masters (:data:`MASTER_FILE`) from a checkpoint if present; returns whether it did."""
+        path = master_file(directory)
+        if self.params.master_state() is None or path is None:
             return False
         from safetensors.torch import load_file
 
