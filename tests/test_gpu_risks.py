@@ -91,8 +91,20 @@ def test_engine_falls_back_to_eager_with_one_warning_when_graphs_miss_writes(mon
     assert len(warnings) == 1 and "enforce_eager=True" in warnings[0] and "\n" not in warnings[0]
     assert engine.llm.kwargs["load_format"] == "dummy"
     _FakeLLM.starts = []
-    eager = vb.VLLMEngine(vb.VLLMEngineOptions(enforce_eager=True), state)  # asked for eager: no check
+    eager = vb.VLLMEngine(vb.VLLMEngineOptions(enforce_eager=True), state)  # eager: checked, no restart
     assert _FakeLLM.starts == [True] and eager.inplace_check is None
+
+    class Lossy(_FakeLLM):  # restore loses the write even in eager mode: ES cannot run
+        def collective_rpc(self, method, args=()):
+            if method == "es_restore":
+                self.weight += 0.5
+                self.served = self.weight
+                return [None]
+            return super().collective_rpc(method, args)
+
+    monkeypatch.setattr(fake, "LLM", Lossy)
+    with pytest.raises(RuntimeError, match="eager mode: greedy output after perturb"):
+        vb.VLLMEngine(vb.VLLMEngineOptions(enforce_eager=True), state)
 
 
 def test_engine_model_dir_holds_no_weights_and_is_stable(tmp_path):

