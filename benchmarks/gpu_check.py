@@ -16,7 +16,10 @@ their real size) and prints ONE JSON object:
   update from N members, against one member's generation (B prompts x L tokens, greedy,
   ``ignore_eos``) -- the shares that decide whether ES costs more than inference;
 - ``memory``: peak allocated GPU memory of plain inference (the model only) against one ES
-  step (policy with masters and saved centre: N x (perturb, generate, restore) + update).
+  step (policy with masters and saved centre: N x (perturb, generate, restore) + update);
+- ``host_reference``: the trainer's reference as it runs beside vLLM engines (weights and fp32
+  masters in host memory, directions drawn on the GPU) applies the same update as the
+  on-device policy, bit for bit.
 
 Every section runs even if an earlier one failed; a failed section carries ``error`` and the
 process exits 1, as it does when a check is false. ``--tiny --device cpu`` runs the same
@@ -154,6 +157,35 @@ def check_determinism(model: Any, population: int) -> dict[str, Any]:
             "masters_compared": len(a_m), "ok": same and moved and differs}
 
 
+def check_host_reference(model: Any, population: int, device: str) -> dict[str, Any]:
+    """The trainer's reference with vLLM engines: weights and masters in host memory, directions
+    drawn on the GPU. Its update must equal the on-device policy's bit for bit (fp32 adds and
+    the one rounding are exactly rounded everywhere); on the CPU twin both sides are the CPU."""
+    import copy
+
+    from esreason.backends.hf import HFPolicy
+    from esreason.es.shaping import zscore
+
+    seeds = list(range(11, 11 + population))
+    weights = [float(z) for z in zscore(torch.linspace(1, 0, population).double().numpy())]
+    host_model = copy.deepcopy(model).to("cpu")
+    on_device = HFPolicy(model, None, direction_cache_mb=0)
+    host = HFPolicy(host_model, None, direction_cache_mb=0, noise_device=device)
+    saved = snapshot(on_device.params.params)
+    on_device.apply_update(seeds, weights, ALPHA)
+    host.apply_update(seeds, weights, ALPHA)
+    same_w = all(torch.equal(a.detach().cpu(), b.detach())
+                 for (_, a), (_, b) in zip(on_device.params.params, host.params.params))
+    ma, mb = on_device.params.master_state() or {}, host.params.master_state() or {}
+    same_m = ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+    with torch.no_grad():  # leave the model at the centre it came with
+        for (_, p), c in zip(on_device.params.params, saved):
+            p.copy_(c)
+    del host_model, host
+    return {"host_weights_equal_device_weights": same_w, "host_masters_equal_device_masters": same_m,
+            "masters_compared": len(ma), "ok": same_w and same_m}
+
+
 def generation_inputs(tok: Any, prompts: int) -> list[str]:
     return [f"{tok.bos_token}{1000 + 37 * i}+{2000 + 11 * i}=" for i in range(prompts)]
 
@@ -252,10 +284,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         del policy
     result["determinism"] = section(result, "determinism", lambda: check_determinism(model, args.population)) \
         or result.get("determinism")
+    result["host_reference"] = section(result, "host_reference",
+                                       lambda: check_host_reference(model, args.population, args.device)) \
+        or result.get("host_reference")
     # The lent machine has none of these: the check (and the ES path it runs) must not import them.
     result["absent_on_gpu_machine_but_imported"] = sorted(m for m in ABSENT_ON_GPU_MACHINE if m in sys.modules)
-    result["ok"] = not result["absent_on_gpu_machine_but_imported"] and all((result.get(k) or {}).get("ok", False) for k in ("restore", "determinism")) \
-        and "error" not in result.get("timing", {})
+    checks = ("restore", "determinism", "host_reference")
+    result["ok"] = not result["absent_on_gpu_machine_but_imported"] and "error" not in result.get("timing", {}) \
+        and all((result.get(k) or {}).get("ok", False) for k in checks)
     return result
 
 

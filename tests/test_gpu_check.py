@@ -31,6 +31,8 @@ def test_gpu_check_cpu_twin_runs_from_source_and_every_check_holds(tmp_path):
     det = out["determinism"]
     assert det["same_seed_same_update"] and det["other_seeds_other_update"] and det["update_moved_the_centre"]
     assert det["masters_compared"] > 0  # bf16 weights: the fp32 masters are compared too
+    host = out["host_reference"]
+    assert host["ok"] and host["host_masters_equal_device_masters"] and host["masters_compared"] > 0
     timing = out["timing"]
     for key in ("member_generation_s", "direction_draw_s", "perturb_s", "restore_s", "update_s"):
         assert timing[key] > 0, key

@@ -202,3 +202,39 @@ def test_paper_es_configs_run_bf16_engines_with_fp32_masters():
         options = VLLMEngineOptions.from_config(load_config(path))
         assert options.dtype == "bfloat16", path
         assert master_enabled(options.master_weights, torch.bfloat16), path
+
+
+# ---------------------------------------------------------------- the trainer's memory beside vLLM engines
+
+@pytest.mark.parametrize("backend, device, want", [
+    ("vllm", "cuda", ("cpu", "cuda")), ("ray", "cuda", ("cpu", "cuda")),
+    ("hf", "cuda", ("cuda", None)), ("vllm", "cpu", ("cpu", None)), ("ray", "cpu", ("cpu", None))])
+def test_the_reference_lives_in_host_memory_beside_gpu_engines(backend, device, want):
+    from esreason.config import load_config
+    from esreason.es_loop.run import reference_placement
+
+    cfg = load_config(None, [f"backend.type={backend}", f"device={device}"])
+    assert reference_placement(cfg) == want
+
+
+def test_host_reference_draws_update_directions_on_its_noise_device(tiny_model_dir, monkeypatch):
+    """Plumbing on CPU (the cross-device equality is scripts/gpu-check.sh's `host_reference`)."""
+    import esreason.es.update as update_mod
+    from esreason.backends.engine import policy_noise_domain
+    from esreason.backends.hf import HFPolicy, load_model
+    from esreason.es.noise import generator_domain
+
+    plain = HFPolicy(*load_model(str(tiny_model_dir), "bfloat16"), direction_cache_mb=0)
+    host = HFPolicy(*load_model(str(tiny_model_dir), "bfloat16"), direction_cache_mb=0, noise_device="cpu")
+    drawn: list = []
+    original = update_mod.direction_block
+    monkeypatch.setattr(update_mod, "direction_block",
+                        lambda *a, device="cpu": drawn.append(str(device)) or original(*a, device=device))
+    for policy in (plain, host):
+        policy.apply_update([1, 2, 3], [0.5, -1.0, 0.25], 1e-2)
+    assert drawn and set(drawn) == {"cpu"}
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(plain.params.params, host.params.params))
+    elsewhere = HFPolicy(*load_model(str(tiny_model_dir), "bfloat16"), noise_device="meta")
+    assert policy_noise_domain(elsewhere) == generator_domain("meta") != policy_noise_domain(plain)
+    with pytest.raises(RuntimeError, match="updated only"):
+        elsewhere.perturb(1, 0.1)  # a host-resident reference never evaluates members

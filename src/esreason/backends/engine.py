@@ -105,7 +105,8 @@ def policy_noise_domain(policy: Any) -> str:
     """Generator domain of an HFPolicy's weights (where its seeds mean the same directions)."""
     from esreason.es.noise import generator_domain
 
-    return generator_domain(next(policy.model.parameters()).device)
+    noise = getattr(policy.params, "noise_device", None)  # a host-resident reference draws on the GPU
+    return generator_domain(noise if noise is not None else next(policy.model.parameters()).device)
 
 
 def check_noise_domains(domains: Mapping[int, str], reference: str | None) -> None:

@@ -83,18 +83,20 @@ class HFPolicy:
     master_weights: 'auto' (fp32 masters for bf16/fp16 models), 'fp32', 'none'.
     direction_cache_mb: memory for re-using an update's directions (0 = regenerate).
     perturbation, rank: 'full' dense directions, or 'lowrank' A B^T / sqrt(rank) (es/lowrank.py).
+    noise_device: draw update directions there instead of on the weights' device (a host-resident
+        reference for GPU engines; update only, see :class:`esreason.es.params.CentredParameters`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, restore: str = "exact",
                  master_weights: str = "auto", direction_cache_mb: int = 256,
-                 perturbation: str = "full", rank: int = 1) -> None:
+                 perturbation: str = "full", rank: int = 1, noise_device: Any = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         dtype = next(model.parameters()).dtype
         master = master_weights == "fp32" or (master_weights == "auto" and dtype != torch.float32)
         self.params = CentredParameters(unique_named_parameters(model), restore=restore, master=master,
                                         cache_bytes=direction_cache_mb * 2**20,
-                                        perturbation=perturbation, rank=rank)
+                                        perturbation=perturbation, rank=rank, noise_device=noise_device)
 
     # PerturbablePolicy ------------------------------------------------------------
     def perturb(self, seed: int, sigma: float) -> None:
