@@ -112,9 +112,10 @@ def engine_model_dir(state: StateFiles, root: str | Path | None = None) -> Path:
 class VLLMEngine:
     """One ``vllm.LLM`` with the ES worker extension, started from checkpoint files (an :class:`Engine`).
 
-    With CUDA graphs on (``enforce_eager`` false) the engine checks at start that in-place
-    weight writes reach the served model (:mod:`esreason.backends.inplace_check`) and restarts
-    in eager mode, with a one-line warning, when they do not.
+    At start the engine checks that in-place weight writes reach the served model
+    (:mod:`esreason.backends.inplace_check`; verdict in ``inplace_check``). With CUDA graphs on
+    (``enforce_eager`` false) a failed check restarts it in eager mode with a one-line warning;
+    a failure in eager mode is an error. vLLM on CPU always runs eager (:meth:`_cpu_platform`).
     """
 
     def __init__(self, options: VLLMEngineOptions, state: StateFiles) -> None:
