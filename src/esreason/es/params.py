@@ -133,7 +133,7 @@ class CentredParameters:
         """theta <- centre + sigma * eps(seed), rounded once to the model dtype."""
         if self._active is not None:
             raise RuntimeError("perturb() called twice without restore()")
-        if self.noise_device is not None and any(p.device != self.noise_device for _, p in self.params):
+        if self.noise_device is not None and any(p.device.type != self.noise_device.type for _, p in self.params):
             raise RuntimeError(f"this centre lives off its noise device {self.noise_device}: it is updated only; "
                                "members are evaluated on the engines")
         t0 = time.perf_counter()
