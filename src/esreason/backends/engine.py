@@ -12,7 +12,7 @@ crosses the process boundary, except the full state on start-up and on re-broadc
 
 State snapshots (``export_state`` / ``load_state``) are the files of an ordinary
 checkpoint (:meth:`HFPolicy.save`: ``model.safetensors``, tokenizer files and, with
-master weights, ``es_master.safetensors``) as ``{file name: bytes}``; safetensors
+master weights, ``es_master/master.safetensors``) as ``{relative path: bytes}``; safetensors
 round-trips every bit, so a re-broadcast engine is bit-identical to its source.
 """
 
