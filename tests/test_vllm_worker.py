@@ -210,6 +210,7 @@ VLLM_SCRIPT = textwrap.dedent('''
         eng16 = VLLMEngine(VLLMEngineOptions(dtype="bfloat16", max_model_len=256, enforce_eager=True), state16)
         res["bf16_setup"], res["bf16_start"] = eng16.setup, eng16.checksum()
         res["bf16_export"] = eng16._rpc("es_export", str(out) + "-bf16")
+        res["bf16_state_files"] = sorted(eng16.export_state())  # what a re-broadcast or a new engine gets
         print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -263,6 +264,7 @@ def test_vllm_cpu_engine_matches_hf_policy(tmp_path):
     assert not [f for f in res["model_dir_files"] if f.endswith(".safetensors")]  # vLLM reads no weights file
     assert res["bf16_setup"]["master"] is True and res["bf16_start"] == policy_checksum(policy16)
     assert "es_master/master.safetensors" in res["bf16_export"]
+    assert {"model.safetensors", "es_master/master.safetensors", "config.json"} <= set(res["bf16_state_files"])
 
     model, tok = load_model(str(ckpt))
     policy = HFPolicy(model, tok)

@@ -275,7 +275,7 @@ class VLLMEngine:
     def export_state(self) -> StateFiles:
         with tempfile.TemporaryDirectory(prefix="esreason-vllm-export-") as tmp:
             root = self.export(tmp)
-            return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+            return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
     def load_state(self, state: StateFiles) -> None:
         with tempfile.TemporaryDirectory(prefix="esreason-vllm-load-") as tmp:
