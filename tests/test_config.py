@@ -133,3 +133,17 @@ def test_shared_validator_gives_es_and_grpo_the_same_error_naming_the_dotted_key
                           checkpoint=RunConfig().checkpoint, eval=EvalConfig(samples=2, ks=(1, 4)))
     with pytest.raises(ConfigError, match=r"^config key 'eval\.ks': each K must be in \[1, eval\.samples=2\]"):
         validate_run(cfg)
+
+
+def test_docs_name_the_final_checkpoint_of_the_easy_configs():
+    """docs/analysis.md and docs/evaluation.md name RUN/checkpoints/step_T with the configs' T."""
+    import re
+
+    from esreason.grpo.config import load_grpo_config
+
+    t_es = load_config(ROOT / "configs/easy/es-qwen2.5-1.5b.yaml").train.max_steps
+    t_grpo = load_grpo_config(ROOT / "configs/easy/grpo-qwen2.5-1.5b.yaml").train.max_steps
+    assert t_es == t_grpo
+    for page in ("docs/analysis.md", "docs/evaluation.md"):
+        named = {int(n) for n in re.findall(r"checkpoints/step_(\d+)", (ROOT / page).read_text())}
+        assert named == {t_es}, page

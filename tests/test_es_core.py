@@ -70,6 +70,24 @@ def test_zscore_uses_population_std_and_handles_equal_rewards():
     assert not np.any(np.isnan(shaping.zscore(np.zeros(4), eps=0.0)))
 
 
+@pytest.mark.parametrize("eps", [0.0, 1e-12, 1e-8, 1e-3])
+@pytest.mark.parametrize("value", [0.1, 0.7, 1 / 3, 1.1, 0.0])
+@pytest.mark.parametrize("n", [3, 7, 30, 32])
+def test_zscore_equal_rewards_give_exact_zeros_whatever_eps(eps, value, n):
+    """Issue 17: the float mean of N equal rewards can be one ulp off (3 x 0.1 -> 0.1 + 1.4e-17);
+    z must still be exactly 0 (no update), not +-1 at eps 0 or +-1e-9 at eps 1e-8."""
+    r = np.full(n, value)
+    z = shaping.shape(r, "zscore", eps)
+    assert z.shape == (n,) and np.all(z == 0.0)
+    assert np.count_nonzero(shaping.zscore(np.full(3, 0.1), eps=0.0)) == 0  # the case that gave +-1
+
+
+def test_equal_rewards_leave_the_centre_bit_identical():
+    z = shaping.zscore(np.full(7, 0.1), eps=0.0)
+    delta = update_delta("w", (4, 5), seeds=list(range(7)), weights=list(z), alpha=1.0)
+    assert torch.count_nonzero(delta) == 0
+
+
 def test_rank_and_none_shaping():
     r = np.array([0.2, 0.9, 0.2, 0.5])
     rk = shaping.centered_rank(r)

@@ -67,15 +67,90 @@ def test_sequence_defaults_to_the_stage_configs_common_budget_and_applies_overri
     assert load_sequence(tmp_path / "seq.yaml").total_updates == 3  # both configs say max_steps 3
 
 
+def _prompt_text(messages) -> str:
+    return "\n".join(m["content"] for m in messages)
+
+
+def run_recording_batches(plan, out):
+    """Run a sequence and record, per update, the prompts each stage trained on (in order)."""
+    from esreason.es_loop.trainer import ESTrainer
+    from esreason.grpo.trainer import PaperGRPOTrainer
+
+    seen: list[tuple[str, list[str]]] = []
+    es_step, grpo_rollout = ESTrainer.step, PaperGRPOTrainer._generate_and_score_completions
+
+    def recording_step(self, t):
+        seen.append(("es", [_prompt_text(self.problems[i].messages) for i in self.schedule.batch(t)]))
+        return es_step(self, t)
+
+    def recording_rollout(self, inputs):  # B prompts, each repeated G times in a row
+        seen.append(("grpo", [_prompt_text(row["prompt"]) for row in inputs[::self.num_generations]]))
+        return grpo_rollout(self, inputs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ESTrainer, "step", recording_step)
+        mp.setattr(PaperGRPOTrainer, "_generate_and_score_completions", recording_rollout)
+        result = run_sequence(plan, out, progress=False)
+    return result, seen
+
+
+def one_run_batches(total: int, batch_size: int = 4) -> list[list[str]]:
+    """The prompt batches of one run of ``total`` updates on the stream (ES, train.stream_start=0)."""
+    from esreason import tasks
+    from esreason.es.schedule import Schedule
+
+    problems = tasks.get("demo-add").load("train", None, ES["train"]["limit"])
+    schedule = Schedule(len(problems), batch_size, 1, ES["train"]["seed"], stream_start=0)
+    return [[_prompt_text(problems[i].messages) for i in schedule.batch(t)] for t in range(total)]
+
+
 @pytest.fixture(scope="module")
 def es_then_grpo(tmp_path_factory):
     out = tmp_path_factory.mktemp("seq") / "es_grpo"
     plan = plan_sequence({"stages": ["es", "grpo"], "es": ES, "grpo": GRPO})
-    return out, plan, run_sequence(plan, out, progress=False)
+    result, seen = run_recording_batches(plan, out)
+    return out, plan, result, seen
+
+
+@pytest.mark.parametrize("stages", [("es", "grpo"), ("grpo", "es")])
+def test_stage2_continues_stage1_data_stream_as_one_run_of_t_updates(stages, es_then_grpo, tmp_path):
+    """Issue 17: stage 2 takes the batches that follow stage 1's, in the same order (T = 3 over
+    8 problems in batches of 4 crosses an epoch boundary: no prompt lost or repeated early)."""
+    if stages == ("es", "grpo"):
+        out, plan, result, seen = es_then_grpo
+    else:
+        plan = plan_sequence({"stages": list(stages), "es": ES, "grpo": GRPO})
+        result, seen = run_recording_batches(plan, tmp_path / "grpo_es")
+    assert [m for m, _ in seen] == [s.method for s in plan.stages for _ in range(s.updates)]
+    assert [batch for _, batch in seen] == one_run_batches(plan.total_updates)
+    assert [s.config.train.stream_start for s in plan.stages] == [0, plan.stages[0].updates * 4]
+    first_epoch = [p for _, batch in seen[:2] for p in batch]
+    assert len(set(first_epoch)) == 8  # the first 8 prompts are the whole training set, once
+
+
+def test_the_stream_continues_across_runs_and_batch_sizes():
+    """ES->ES-like: t1 updates then the rest from stream_start equals one run; B may change."""
+    from esreason.es.schedule import Schedule, stream_items
+
+    one = Schedule(10, 4, 3, 7, stream_start=0)
+    whole = [one.batch(t) for t in range(6)]
+    first, rest = Schedule(10, 4, 3, 7, stream_start=0), Schedule(10, 4, 3, 7, stream_start=2 * 4)
+    assert [first.batch(t) for t in range(2)] + [rest.batch(t) for t in range(4)] == whole
+    assert [i for b in whole for i in b] == stream_items(10, 7, 0, 24)
+    assert sorted(stream_items(10, 7, 0, 10)) == list(range(10))  # each epoch is a permutation
+    other_b = Schedule(10, 3, 3, 7, stream_start=8)  # stage 2 with B = 3 reads on from prompt 8
+    assert [other_b.batch(t) for t in range(2)] == [stream_items(10, 7, 8, 3), stream_items(10, 7, 11, 3)]
+    assert Schedule(10, 4, 1, 7).batch(2) != whole[2]  # the keep-tail schedule of a single run differs
+
+
+def test_stages_of_a_composition_must_share_the_data_stream():
+    with pytest.raises(ConfigError, match=r"'grpo.train.seed'.*one data stream"):
+        plan_sequence({"stages": ["es", "grpo"], "es": ES,
+                       "grpo": {**GRPO, "train": {**GRPO["train"], "seed": 1}}})
 
 
 def test_composition_takes_the_single_method_budget_and_stage2_starts_from_stage1(es_then_grpo):
-    out, plan, result = es_then_grpo
+    out, plan, result, _ = es_then_grpo
     assert plan.total_updates == ES["train"]["max_steps"]  # the budget of one single-method run
     s1, s2 = result.stages
     assert (s1.method, s1.updates, s2.method, s2.updates) == ("es", 1, "grpo", 2)
@@ -91,7 +166,7 @@ def test_composition_takes_the_single_method_budget_and_stage2_starts_from_stage
 
 
 def test_rerunning_a_finished_sequence_trains_nothing(es_then_grpo):
-    out, plan, result = es_then_grpo
+    out, plan, result, _ = es_then_grpo
     before = {p: p.read_text() for p in out.glob("stage*/metrics.jsonl")}
     again = run_sequence(plan, out, progress=False)
     assert again.final_checkpoint == result.final_checkpoint
@@ -99,7 +174,7 @@ def test_rerunning_a_finished_sequence_trains_nothing(es_then_grpo):
 
 
 def test_a_sequence_directory_refuses_another_composition(es_then_grpo):
-    out, _, _ = es_then_grpo
+    out, _, _, _ = es_then_grpo
     other = plan_sequence({"stages": ["grpo", "es"], "es": ES, "grpo": GRPO})
     with pytest.raises(UserError, match="holds a sequence"):
         run_sequence(other, out, progress=False)

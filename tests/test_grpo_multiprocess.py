@@ -293,18 +293,12 @@ def test_fsdp_config_sets_the_environment_accelerate_reads_for_a_full_state_dict
     assert isinstance(args, argparse.Namespace) and args.use_fsdp
     env = prepare_multi_gpu_env(args)
     assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_STATE_DICT_TYPE"] == "FULL_STATE_DICT"
-    saved = {k: os.environ.get(k) for k in env}
-    try:
-        os.environ.update({k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_USE_FSDP"))})
+    from esreason.backends.collective import environment
+
+    with environment({k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_USE_FSDP"))}):
         plugin = FullyShardedDataParallelPlugin()
         assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
         assert "FULL_STATE_DICT" in str(plugin.state_dict_type)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 FSDP_WORKER = r'''

@@ -195,3 +195,54 @@ def test_cli_registration_runs_a_config_with_overrides(demo_dir, tmp_path, capsy
                                 "--output", str(tmp_path / "bad")])
     with pytest.raises(ConfigError, match="'grpo.epsilon'"):
         bad.func(bad)
+
+
+@pytest.fixture(scope="module")
+def bf16_base(demo_dir, tmp_path_factory):
+    """The embedded default stored in bf16: a base model whose config.json declares bfloat16."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("bf16") / "base"
+    AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.bfloat16).save_pretrained(out)
+    AutoTokenizer.from_pretrained(demo_dir).save_pretrained(out)
+    return out
+
+
+def _stored_dtypes(ckpt: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        return {str(f.get_slice(k).get_dtype()) for k in f.keys()}
+
+
+def test_checkpoints_are_saved_in_the_base_dtype_by_default(bf16_base, tmp_path):
+    """Issue 17: fp32 training (dtype: float32), checkpoints on the bf16 base's lattice."""
+    res = run_grpo(small_cfg(bf16_base, "dtype=float32", "train.max_steps=1"), tmp_path / "run", progress=False)
+    ckpt = res.final_checkpoint
+    assert _stored_dtypes(ckpt) == {"BF16"}
+    assert json.loads((ckpt / "config.json").read_text())["dtype"] == "bfloat16"
+    assert json.loads((ckpt / "grpo_state.json").read_text())["save_dtype"] == "bfloat16"
+    assert hash_directory_safetensors(ckpt) != hash_directory_safetensors(bf16_base)  # it trained
+    # fp32 on request; the TRL resume state keeps fp32 either way
+    res32 = run_grpo(small_cfg(bf16_base, "dtype=float32", "train.max_steps=1", "checkpoint.save_dtype=float32"),
+                     tmp_path / "run32", progress=False)
+    assert _stored_dtypes(res32.final_checkpoint) == {"F32"}
+    import torch
+    from safetensors.torch import load_file
+
+    a = load_file(str(ckpt / "model.safetensors"))
+    b = load_file(str(res32.final_checkpoint / "model.safetensors"))
+    assert a.keys() == b.keys()  # tied weights stored once in both
+    assert all(torch.equal(a[k], b[k].to(torch.bfloat16)) for k in a)  # one round to nearest even
+
+
+def test_zero_learning_rate_on_a_bf16_base_gives_back_the_base_bit_for_bit(bf16_base, tmp_path):
+    res = run_grpo(small_cfg(bf16_base, "dtype=float32", "grpo.learning_rate=0", "train.max_steps=1"),
+                   tmp_path / "run", progress=False)
+    assert hash_directory_safetensors(res.final_checkpoint) == hash_directory_safetensors(bf16_base)
+
+
+def test_save_dtype_is_validated(demo_dir):
+    with pytest.raises(ConfigError, match="checkpoint.save_dtype"):
+        small_cfg(demo_dir, "checkpoint.save_dtype=int8")

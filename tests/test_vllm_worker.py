@@ -144,7 +144,7 @@ def test_extension_moves_exactly_like_hf_policy(tiny_model_dir, tmp_path, dtype,
     exported = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert set(exported) == set(hf_params)
     assert all(torch.equal(exported[n], hf_params[n]) for n in hf_params)
-    assert ("es_master.safetensors" in files) == (dtype != "float32")
+    assert ("es_master/master.safetensors" in files) == (dtype != "float32")
 
     worker.es_load(str(tmp_path / "start"))  # re-broadcast of the start state
     assert worker.es_checksum() == start
@@ -183,10 +183,13 @@ VLLM_SCRIPT = textwrap.dedent('''
 
         ckpt, out = Path(sys.argv[1]), Path(sys.argv[2])
         state = {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()}
-        eng = VLLMEngine(VLLMEngineOptions(dtype="float32", max_model_len=256, enforce_eager=True), state)
+        # enforce_eager=False (the default): on CPU the engine runs eager anyway; the self-check runs
+        eng = VLLMEngine(VLLMEngineOptions(dtype="float32", max_model_len=256, enforce_eager=False), state)
         prompts = ["<s>12+34=", "<s>hello"]
         greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
-        res = {"setup": eng.setup, "start": eng.checksum(), "centre": eng.generate(prompts, greedy).texts}
+        res = {"setup": eng.setup, "start": eng.checksum(), "centre": eng.generate(prompts, greedy).texts,
+               "inplace_check": eng.inplace_check, "enforce_eager": eng.enforce_eager,
+               "model_dir_files": sorted(str(p.relative_to(eng._model_dir)) for p in eng._model_dir.rglob("*"))}
         res["member"] = eng.run_member(0, 5, 0.5, prompts, greedy).texts
         res["restored"] = eng.checksum()
         res["centre_again"] = eng.generate(prompts, greedy).texts
@@ -200,6 +203,14 @@ VLLM_SCRIPT = textwrap.dedent('''
         eng.join_group(GroupSpec("127.0.0.1", 0, "t", 0, 1))
         res["sharded_norm"] = eng.apply_update_sharded([1, 2, 3], [0.5, -1.0, 0.25], 0.01, 2, [0, 1])
         res["sharded"] = eng.checksum()
+        eng.close()
+        # bf16 with fp32 masters (the paper configs): the masters travel in es_master/, vLLM never reads them
+        bf16 = Path(sys.argv[3])
+        state16 = {str(p.relative_to(bf16)): p.read_bytes() for p in bf16.rglob("*") if p.is_file()}
+        eng16 = VLLMEngine(VLLMEngineOptions(dtype="bfloat16", max_model_len=256, enforce_eager=True), state16)
+        res["bf16_setup"], res["bf16_start"] = eng16.setup, eng16.checksum()
+        res["bf16_export"] = eng16._rpc("es_export", str(out) + "-bf16")
+        res["bf16_state_files"] = sorted(eng16.export_state())  # what a re-broadcast or a new engine gets
         print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -237,15 +248,23 @@ def test_vllm_cpu_engine_matches_hf_policy(tmp_path):
     from esreason.backends.sampling import Sampler
 
     ckpt = _tiny_llama(tmp_path / "tiny")
+    policy16 = HFPolicy(*load_model(str(ckpt), "bfloat16"))  # fp32 masters (es.master_weights: auto)
+    policy16.save(tmp_path / "tiny-bf16")
     script = tmp_path / "run_vllm.py"
     script.write_text(VLLM_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_CPU_KVCACHE_SPACE": "1",
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    proc = subprocess.run([str(python), str(script), str(ckpt), str(tmp_path / "out")], env=env,
-                          capture_output=True, text=True, timeout=1100)
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "ESREASON_ENGINE_DIR": str(tmp_path)}
+    proc = subprocess.run([str(python), str(script), str(ckpt), str(tmp_path / "out"), str(tmp_path / "tiny-bf16")],
+                          env=env, capture_output=True, text=True, timeout=1100)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-6000:]
     res = json.loads(lines[-1][len("RESULT "):])
+    # the self-check ran at start and passed: in-place writes reach the served model (vLLM on CPU: eager)
+    assert res["inplace_check"] is None and res["enforce_eager"] is True
+    assert not [f for f in res["model_dir_files"] if f.endswith(".safetensors")]  # vLLM reads no weights file
+    assert res["bf16_setup"]["master"] is True and res["bf16_start"] == policy_checksum(policy16)
+    assert "es_master/master.safetensors" in res["bf16_export"]
+    assert {"model.safetensors", "es_master/master.safetensors", "config.json"} <= set(res["bf16_state_files"])
 
     model, tok = load_model(str(ckpt))
     policy = HFPolicy(model, tok)

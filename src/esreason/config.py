@@ -94,6 +94,9 @@ class TrainConfig:
     """Dataset split to train on."""
     limit: int | None = None
     """Use only the first `limit` training problems (smoke tests)."""
+    stream_start: int | None = None
+    """None: the method's own data order. An int: a composition stage reads the shared data stream
+    from this prompt position (stage 2 continues stage 1; esreason.es.schedule)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,8 @@ def validate_run(cfg: Any) -> None:
     require(tr.epochs >= 1, "train.epochs", f"must be >= 1 (got {tr.epochs})")
     require(tr.max_steps is None or tr.max_steps >= 1, "train.max_steps", f"must be >= 1 (got {tr.max_steps})")
     require(tr.limit is None or tr.limit >= 1, "train.limit", f"must be >= 1 (got {tr.limit})")
+    require(tr.stream_start is None or tr.stream_start >= 0, "train.stream_start",
+            f"must be >= 0 or null (got {tr.stream_start})")
     require(0 < gen.top_p <= 1, "generation.top_p", f"must be in (0, 1] (got {gen.top_p})")
     require(gen.max_new_tokens >= 1, "generation.max_new_tokens", f"must be >= 1 (got {gen.max_new_tokens})")
     require(gen.batch_size >= 1, "generation.batch_size", f"must be >= 1 (got {gen.batch_size})")

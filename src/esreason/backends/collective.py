@@ -12,14 +12,52 @@ The group carries only :func:`all_reduce_` of int64 noise-block sums (one per bl
 tensor, in the same order on every engine; :mod:`esreason.es.sharded`). A collective whose
 peer died raises (gloo: the peer's socket closes; NCCL: after ``timeout_s``), which the pool
 turns into a re-broadcast of the reference centre.
+
+NCCL faults. By default torch's NCCL watchdog (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``) *kills
+the process* on a collective timeout instead of raising, and ``Work.wait()`` blocks only the
+stream, so the host would hang in the next sync; the recovery above could not run. Our NCCL
+group is therefore built with ``TORCH_NCCL_BLOCKING_WAIT=1`` (``wait()`` blocks the host and
+raises ``DistBackendError`` after ``timeout_s``; torch then turns the watchdog's tear-down
+off for this group) and ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (clean up communicators, never
+kill), set only while this group is constructed (torch reads both per group), so vLLM's own
+groups keep their settings. A dropped group is aborted (``abort()``), so its communicators
+and a wedged kernel are released before the next group forms. Limits: a peer that dies
+*inside* a kernel can leave the GPU stream unusable until the communicator is aborted, and
+a crash of the vLLM worker process itself still surfaces as a lost engine (the pool replaces
+it). Never exercised on GPUs by this project (docs/scale.md, "What would break first").
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator, Mapping
 
 import torch
+
+
+log = logging.getLogger(__name__)
+
+#: Set while our NCCL group is constructed (see the module docstring).
+NCCL_FAULT_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+
+@contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in os.environ for the block, then restore what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @dataclass(frozen=True)
@@ -58,7 +96,8 @@ class EngineGroup:
         if self.device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(store, spec.rank, spec.world, options)
+            with environment(NCCL_FAULT_ENV):  # raise on a timeout instead of killing the engine
+                self.pg = dist.ProcessGroupNCCL(store, spec.rank, spec.world, options)
         else:
             self.pg = dist.ProcessGroupGloo(store, spec.rank, spec.world, timeout)
 
@@ -69,5 +108,12 @@ class EngineGroup:
         self.pg.allreduce([t]).wait()
 
     def close(self) -> None:
-        """Drop the group (its connections close with the object)."""
-        self.pg = None
+        """Abort and drop the group: its communicators (and a collective stuck on a dead peer) are released."""
+        pg, self.pg = self.pg, None
+        abort = getattr(pg, "abort", None)
+        if abort is None:
+            return
+        try:
+            abort()
+        except RuntimeError as exc:  # already broken: nothing left to release
+            log.info("engine group: abort: %s", exc)

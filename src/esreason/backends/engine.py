@@ -12,7 +12,7 @@ crosses the process boundary, except the full state on start-up and on re-broadc
 
 State snapshots (``export_state`` / ``load_state``) are the files of an ordinary
 checkpoint (:meth:`HFPolicy.save`: ``model.safetensors``, tokenizer files and, with
-master weights, ``es_master.safetensors``) as ``{file name: bytes}``; safetensors
+master weights, ``es_master/master.safetensors``) as ``{relative path: bytes}``; safetensors
 round-trips every bit, so a re-broadcast engine is bit-identical to its source.
 """
 
@@ -105,7 +105,8 @@ def policy_noise_domain(policy: Any) -> str:
     """Generator domain of an HFPolicy's weights (where its seeds mean the same directions)."""
     from esreason.es.noise import generator_domain
 
-    return generator_domain(next(policy.model.parameters()).device)
+    noise = getattr(policy.params, "noise_device", None)  # a host-resident reference draws on the GPU
+    return generator_domain(noise if noise is not None else next(policy.model.parameters()).device)
 
 
 def check_noise_domains(domains: Mapping[int, str], reference: str | None) -> None:
@@ -203,7 +204,9 @@ class HFEngine:
     def join_group(self, spec: Any) -> None:
         from esreason.backends.collective import EngineGroup
 
-        self.group = None  # drop the old group first (its peers may be gone)
+        old, self.group = getattr(self, "group", None), None  # drop the old group first (its peers may be gone)
+        if old is not None:
+            old.close()
         self.group = EngineGroup(spec, next(self.policy.model.parameters()).device)
 
     def apply_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,

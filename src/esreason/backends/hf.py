@@ -18,6 +18,21 @@ from esreason.es.params import CentredParameters, unique_named_parameters
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+#: fp32 master weights of a checkpoint, in a subdirectory: vLLM's loader globs ``*.safetensors``
+#: in the model directory (not below it) and would otherwise read the masters as weights, and
+#: a tensor-name hash of the directory would see every name twice.
+MASTER_FILE = "es_master/master.safetensors"
+LEGACY_MASTER_FILE = "es_master.safetensors"  # checkpoints written before issue 17; read only
+
+
+def master_file(directory: str | Path) -> Path | None:
+    """The masters file of checkpoint ``directory`` (current or legacy place), or None."""
+    for name in (MASTER_FILE, LEGACY_MASTER_FILE):
+        path = Path(directory) / name
+        if path.is_file():
+            return path
+    return None
+
 
 def resolve_model_path(spec: str) -> str:
     """'demo' -> the embedded default's directory; a local dir as is; anything else is a hub id."""
@@ -83,18 +98,20 @@ class HFPolicy:
     master_weights: 'auto' (fp32 masters for bf16/fp16 models), 'fp32', 'none'.
     direction_cache_mb: memory for re-using an update's directions (0 = regenerate).
     perturbation, rank: 'full' dense directions, or 'lowrank' A B^T / sqrt(rank) (es/lowrank.py).
+    noise_device: draw update directions there instead of on the weights' device (a host-resident
+        reference for GPU engines; update only, see :class:`esreason.es.params.CentredParameters`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, restore: str = "exact",
                  master_weights: str = "auto", direction_cache_mb: int = 256,
-                 perturbation: str = "full", rank: int = 1) -> None:
+                 perturbation: str = "full", rank: int = 1, noise_device: Any = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         dtype = next(model.parameters()).dtype
         master = master_weights == "fp32" or (master_weights == "auto" and dtype != torch.float32)
         self.params = CentredParameters(unique_named_parameters(model), restore=restore, master=master,
                                         cache_bytes=direction_cache_mb * 2**20,
-                                        perturbation=perturbation, rank=rank)
+                                        perturbation=perturbation, rank=rank, noise_device=noise_device)
 
     # PerturbablePolicy ------------------------------------------------------------
     def perturb(self, seed: int, sigma: float) -> None:
@@ -109,7 +126,7 @@ class HFPolicy:
         return self.params.apply_update(seeds, weights, alpha, sharding)
 
     def save(self, directory: str | Path) -> None:
-        """HF checkpoint of the centre (model + tokenizer), plus fp32 masters when kept."""
+        """HF checkpoint of the centre (model + tokenizer), plus fp32 masters (:data:`MASTER_FILE`) when kept."""
         directory = Path(directory)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
@@ -117,12 +134,13 @@ class HFPolicy:
         if masters is not None:
             from safetensors.torch import save_file
 
-            save_file({n: t.contiguous() for n, t in masters.items()}, str(directory / "es_master.safetensors"))
+            (directory / MASTER_FILE).parent.mkdir(parents=True, exist_ok=True)
+            save_file({n: t.contiguous() for n, t in masters.items()}, str(directory / MASTER_FILE))
 
     def load_masters(self, directory: str | Path) -> bool:
-        """Load es_master.safetensors from a checkpoint if present; returns whether it did."""
-        path = Path(directory) / "es_master.safetensors"
-        if self.params.master_state() is None or not path.is_file():
+        """Load the fp32 masters (:data:`MASTER_FILE`) from a checkpoint if present; returns whether it did."""
+        path = master_file(directory)
+        if self.params.master_state() is None or path is None:
             return False
         from safetensors.torch import load_file
 

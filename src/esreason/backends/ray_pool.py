@@ -32,6 +32,7 @@ already initialised in this process is used). Ray is imported lazily, here only.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections import deque
@@ -42,6 +43,7 @@ from esreason.backends.base import SamplingParams
 from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
                                       StateFiles, check_noise_domains, policy_checksum,
                                       policy_noise_domain, policy_state)
+from esreason.backends.engine_env import engine_start_timeout, pin_visible_gpu
 from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
 
@@ -94,6 +96,12 @@ class EngineHost:
     """The body of one Ray actor: builds an engine and forwards the pool's calls to it."""
 
     def __init__(self, kind: str, options: Any, state: StateFiles) -> None:
+        if kind == "vllm":
+            import ray
+
+            pinned = pin_visible_gpu(os.environ, ray.get_gpu_ids())
+            if pinned is not None:
+                log.info("engine: CUDA_VISIBLE_DEVICES=%s from ray.get_gpu_ids()", pinned)
         self.engine = build_engine(kind, options, state)
 
     def ready(self) -> str:
@@ -460,7 +468,8 @@ def build_ray_pool(cfg: Any, policy: Any) -> RayEnginePool:
                   update=getattr(be, "update", "replicated"))
     if cfg.device == "cpu":
         return RayEnginePool("hf", HFEngineOptions.from_config(cfg, threads=1), state, be.engines,
-                             cpus=1, gpus=0, **common)
+                             cpus=1, gpus=0, start_timeout_s=engine_start_timeout("hf", os.environ), **common)
     from esreason.backends.vllm import VLLMEngineOptions
 
-    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, cpus=1, gpus=1, **common)
+    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, cpus=1, gpus=1,
+                         start_timeout_s=engine_start_timeout("vllm", os.environ), **common)

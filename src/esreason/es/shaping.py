@@ -14,10 +14,15 @@ def zscore(rewards: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     """Paper appendix "Implementation Procedure" step 4:
     z_i = (R_i - mean R) / (sqrt(N^-1 sum_j (R_j - mean R)^2) + eps), i.e. std with ddof 0.
 
-    Deviation: when the population std is exactly 0 we return zeros even if eps == 0
-    (the formula would be 0/0); with eps > 0 the formula itself already gives zeros.
+    Deviation: when all rewards are equal we return exact zeros whatever eps is (incl. 0).
+    The formula would give 0/0 in exact arithmetic, but the floating-point mean of N equal
+    values can be one ulp off (mean of 3 x 0.1 is 0.1 + 1.4e-17), which would make every
+    centred reward the same tiny number and every z = +-1 at eps 0 (or +-1e-9 at eps 1e-8):
+    a full-size update in a direction no reward supports. Equality is tested, not the std.
     """
     r = np.asarray(rewards, dtype=np.float64)
+    if r.size == 0 or bool(np.all(r == r[0])):
+        return np.zeros_like(r)  # equal rewards carry no signal: zero update
     centred = r - r.mean()
     std = float(np.sqrt(np.mean(centred**2)))
     if std == 0.0:

@@ -123,15 +123,17 @@ def _shard_weights(seeds: Sequence[int], weights: Sequence[float], num_shards: i
 
 def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float],
                           alpha: float, sharding: Sharding, *, rank: int | None = None,
-                          cache: DirectionCache | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
+                          cache: DirectionCache | None = None,
+                          device: torch.device | str | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(start, stop, delta piece fp32) of alpha/N * S over the flattened ``p`` (S: module docstring).
 
     Pieces are the noise blocks of a dense direction, or row chunks of a low-rank matrix
     (``rank`` = r_W), in the same order on every engine: each piece is one collective.
+    ``device``: where directions are drawn and pieces computed (default ``p.device``).
     """
     if len(seeds) != len(weights):
         raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
-    device = p.device
+    device = p.device if device is None else torch.device(device)
     if rank is None:
         spans = [(start, stop, b) for b, start, stop in block_spans(p.numel())]
     else:

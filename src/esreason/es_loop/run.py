@@ -81,6 +81,20 @@ def load_es_state(step: int, ckpt: Path) -> dict[str, Any]:
     return state
 
 
+def reference_placement(cfg: RunConfig) -> tuple[str, str | None]:
+    """(device of the trainer's HF policy, its noise device).
+
+    With vLLM engines on GPUs (``backend.type`` vllm, or ray on cuda) every GPU's memory
+    belongs to an engine: the trainer's reference centre (checkpoints, checksums,
+    re-broadcasts) then lives in host memory and draws its update directions on the GPU, so
+    it moves exactly as the engines do while holding only the CUDA context and three noise
+    blocks of GPU memory (docs/scale.md, "What would break first on a GPU").
+    """
+    if cfg.device.startswith("cuda") and cfg.backend.type in ("vllm", "ray"):
+        return "cpu", cfg.device
+    return cfg.device, None
+
+
 def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress: bool = True,
            resume_from: int | None = None) -> TrainResult:
     """Train with ES according to ``cfg`` into run directory ``output``.
@@ -115,10 +129,12 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     # Task data first: a bad dataset fails before the model is loaded.
     task = tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
-    model, tokenizer = load_model(start_model, cfg.dtype, cfg.device)
+    device, noise_device = reference_placement(cfg)
+    model, tokenizer = load_model(start_model, cfg.dtype, device)
     policy = HFPolicy(model, tokenizer, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
-                      direction_cache_mb=cfg.es.direction_cache_mb, perturbation=cfg.es.perturbation,
-                      rank=cfg.es.rank)
+                      # a host-resident reference never perturbs: a direction cache would only hold GPU memory
+                      direction_cache_mb=cfg.es.direction_cache_mb if noise_device is None else 0,
+                      perturbation=cfg.es.perturbation, rank=cfg.es.rank, noise_device=noise_device)
     if start_step:
         policy.load_masters(start_model)
     prompts = [tasks.render_prompt(tokenizer, p.messages) for p in problems]

@@ -75,7 +75,8 @@ class ESTrainer:
         self.logger = logger
         self.heldout = heldout
         self.evaluator = evaluator if evaluator is not None else SequentialEvaluator(policy, generator)
-        self.schedule = Schedule(len(self.problems), cfg.train.batch_size, cfg.train.epochs, cfg.train.seed)
+        self.schedule = Schedule(len(self.problems), cfg.train.batch_size, cfg.train.epochs, cfg.train.seed,
+                                 cfg.train.stream_start)
 
     @property
     def total_steps(self) -> int:

@@ -16,9 +16,13 @@ Sequence config (YAML)::
                                  # or to this file) or a mapping
     grpo: configs/demo/grpo.yaml # a GRPO run config: a path or a mapping
 
-Choices (the paper is silent): each stage *restarts* its data schedule (epoch 0 of its own
-seeded order), exactly as a fresh run of that method from the stage-1 checkpoint would; a
-GRPO stage-2's KL reference is its own starting model (the stage-1 checkpoint), as in any
+Data: both stages read **one data stream** (:mod:`esreason.es.schedule`: the per-epoch seeded
+permutations of the training set, concatenated, read in full batches): stage 1 from prompt 0,
+stage 2 from where stage 1 stopped (``train.stream_start`` = stage-1 updates x its B), so stage
+2 takes exactly the batches one run of T updates would take next, in the same order (the
+paper splits the training budget, not the data). The stages must share task, data_path,
+train.split, train.limit and train.seed (an error names the key otherwise). Choices (the
+paper is silent): a GRPO stage-2's KL reference is its own starting model (the stage-1 checkpoint), as in any
 GRPO run. The stage-2 start is verified by tensor hash: the SHA-256 of stage 1's final
 checkpoint must equal the hash stage 2's manifest records for its starting model.
 
@@ -131,17 +135,35 @@ def plan_sequence(data: Mapping[str, Any], base_dir: Path | None = None) -> Sequ
         total = next(iter(steps.values()))
     budgets = split_budget(total)
     model = data.get("model")
-    plans = []
+    plans: list[StagePlan] = []
+    stream_start = 0  # prompts of the composition's data stream read by the stages before
     for i, (method, updates) in enumerate(zip(stages, budgets)):
-        mapping = merge(mappings[method], {"train": {"max_steps": updates}})
+        mapping = merge(mappings[method], {"train": {"max_steps": updates, "stream_start": stream_start}})
         if i == 0 and model is not None:
             mapping["model"] = model
         try:
             cfg = build(_config_class(method), mapping)
         except ConfigError as exc:
             raise ConfigError(f"stage {i + 1} ({method}): {exc}") from None
+        if plans:
+            _check_one_stream(plans[0], method, cfg)
         plans.append(StagePlan(i + 1, method, updates, cfg, f"stage{i + 1}_{method}"))
+        stream_start += updates * cfg.train.batch_size
     return SequencePlan((plans[0], plans[1]), total)
+
+
+STREAM_KEYS = ("task", "data_path", "train.split", "train.limit", "train.seed")
+
+
+def _check_one_stream(first: StagePlan, method: str, cfg: Any) -> None:
+    """Both stages read one data stream: same training set and order seed (B may differ)."""
+    for key in STREAM_KEYS:
+        a, b = first.config, cfg
+        for part in key.split("."):
+            a, b = getattr(a, part), getattr(b, part)
+        if a != b:
+            raise ConfigError(f"config key '{method}.{key}': stage 2 ({method}) has {b!r}, stage 1 "
+                              f"({first.method}) has {a!r}; a composition's stages read one data stream")
 
 
 def load_sequence(path: str | Path | None, overrides: Sequence[str] = (),
@@ -199,7 +221,7 @@ def run_sequence(plan: SequencePlan, output: str | Path, *, progress: bool = Tru
                               "total_updates": plan.total_updates,
                               "split": [s.updates for s in plan.stages],
                               "budget_rule": "stage 1: T // 2, stage 2: T - T // 2 (equal split)",
-                              "data_schedule": "each stage restarts its own schedule", "results": []}
+                              "data_schedule": "one data stream: stage 2 continues stage 1's batches", "results": []}
     seq_file = out / SEQUENCE_FILE
     from esreason.io.verify import read_rebuildable
 

@@ -178,14 +178,23 @@ def verify_trl_checkpoint(trl_ckpt: Path, grpo_state: dict[str, Any]) -> None:
 
 
 def write_hf_checkpoint(directory: Path, model: Any, tokenizer: Any, grpo_state: dict[str, Any],
-                        state_dict: dict[str, Any] | None = None) -> None:
+                        state_dict: dict[str, Any] | None = None, save_dtype: str | None = None) -> None:
     """Model + tokenizer in Hugging Face format, plus grpo_state.json, into ``directory``.
 
     state_dict: the full weights when ``model`` is sharded (gathered by
     :func:`esreason.grpo.distributed.full_state_dict`); None = ``model``'s own. transformers
-    writes the same files either way (tied weights stored once).
+    writes the same files either way (tied weights stored once). save_dtype: cast the
+    floating-point weights to this dtype and declare it in config.json (None = as trained;
+    :mod:`esreason.grpo.save_dtype`).
     """
+    if save_dtype is not None:
+        from esreason.grpo.save_dtype import cast_state_dict, stamp_config_dtype
+
+        state_dict = cast_state_dict(state_dict if state_dict is not None else model.state_dict(), save_dtype)
+        grpo_state = {**grpo_state, "save_dtype": save_dtype}
     model.save_pretrained(directory, state_dict=state_dict)
+    if save_dtype is not None:
+        stamp_config_dtype(directory, save_dtype)
     tokenizer.save_pretrained(directory)
     (Path(directory) / GRPO_STATE_FILE).write_text(json.dumps(grpo_state, indent=2))
 

@@ -43,7 +43,8 @@ class GRPOSettings:
     epsilon_high: float | None = None
     """Upper clip range; None = epsilon (the paper's symmetric clip)."""
     format_reward: float = 0.1
-    """Reward of a formatted but wrong response (paper: 0.1; the same task rewards as ES)."""
+    """Reward of a formatted but wrong response. Our choice for GRPO: the paper states the 0.1
+    format reward for ES only; we give GRPO the same task rewards as ES (0 = plain correctness)."""
     standardize_advantages: bool = True
     """True: A_i = (r_i - mean) / s_G with the group's population std (ddof 0), 0 when s_G = 0
     (paper Eq. grpo-group-advantage; the Hard table's "standardized"). False: A_i = r_i - mean
@@ -107,6 +108,11 @@ class GRPOCheckpointConfig(CheckpointConfig):
     keep_trainer_states: int = 2
     """Keep the newest this many TRL checkpoints (optimizer, scheduler, RNG and data position
     under RUN/trl/checkpoint-*); --resume needs the one paired with the newest HF checkpoint."""
+    save_dtype: Literal["base", "float32", "bfloat16", "float16"] = "base"
+    """dtype of the HF checkpoints in RUN/checkpoints/step_N. 'base' (default): the dtype the
+    base model's config.json declares (bf16 for the paper's models), so drift and max |Delta|
+    are measured on the base's lattice as in the paper; training itself stays in `dtype`
+    (fp32 masters) and TRL's resume state keeps fp32 (docs/grpo.md, "Checkpoint dtype")."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from esreason.grpo.config import GRPORunConfig
 from esreason.grpo.distributed import Processes, barrier, full_state_dict
 from esreason.grpo.plan import BatchPlan
 from esreason.quiet import known_library_noise
+from esreason.grpo.save_dtype import resolve_save_dtype
 
 CONFIG_FILE = "config.yaml"
 
@@ -119,6 +120,19 @@ def _build_dataset(problems: list[Any]) -> Any:
 
     rows = [{"prompt": [dict(m) for m in p.messages], PROBLEM_COLUMN: i} for i, p in enumerate(problems)]
     return Dataset.from_list(rows)
+
+
+def stream_problems(cfg: GRPORunConfig, problems: list[Any]) -> list[Any]:
+    """The prompts this run reads from the composition data stream, in order (B per update)."""
+    from esreason.es.schedule import Schedule, stream_items
+
+    schedule = Schedule(len(problems), cfg.train.batch_size, cfg.train.epochs, cfg.train.seed, cfg.train.stream_start)
+    updates = cfg.train.max_steps if cfg.train.max_steps is not None else schedule.total_steps
+    if updates < 1:
+        raise UserError(f"config key 'train.stream_start': {cfg.train.stream_start} leaves no full batch of "
+                        f"{cfg.train.batch_size} in {cfg.train.epochs} epoch(s) of {len(problems)} problems")
+    order = stream_items(len(problems), cfg.train.seed, cfg.train.stream_start, updates * cfg.train.batch_size)
+    return [problems[i] for i in order]
 
 
 def _check_run_dir(out: Path, cfg: GRPORunConfig, resume: bool,
@@ -225,6 +239,8 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
     # Task data first: a bad dataset fails before the model is loaded.
     task = tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
+    if cfg.train.stream_start is not None:  # a composition stage: its prompts in stream order, unshuffled
+        problems = stream_problems(cfg, problems)
     plan = plan_batches(cfg, len(problems), procs.num_processes)
     scorer = verifiers.get(task.verifier, format_reward=cfg.grpo.format_reward)
     trl_kwargs = build_trl_args(cfg, plan, out / cb.TRL_DIR)
@@ -238,6 +254,7 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
     # With a launcher each process loads on the CPU and transformers/accelerate place it (DDP: the
     # process's own GPU; FSDP: shards), so `device: cuda` never means cuda:0 for every process.
     model, tokenizer = load_model(cfg.model, cfg.dtype, "cpu" if procs.distributed else cfg.device)
+    save_dtype = resolve_save_dtype(cfg.checkpoint.save_dtype, cfg.model)  # 'base': the base's own dtype
     barrier()  # every process has checked the run directory before the main process writes to it
     if procs.is_main:
         if resume:
@@ -254,7 +271,8 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
         state_dict = full_state_dict(trainer.accelerator, wrapped)  # collective: every process
         if procs.is_main:
             with atomic_directory(final, marker_text=checksum_manifest) as tmp:  # COMPLETE: sha256 of every file
-                cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state, state_dict=state_dict)
+                cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state, state_dict=state_dict,
+                                      save_dtype=save_dtype)
             if cfg.checkpoint.keep_last is not None:
                 run_dir.prune_checkpoints(cfg.checkpoint.keep_last)
         barrier()  # no process runs ahead of a checkpoint being written

@@ -150,7 +150,7 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
         "num_iterations": 1,
         "max_steps": plan.total_optimizer_steps,
         "num_train_epochs": float(cfg.train.epochs),  # not used: max_steps wins
-        "shuffle_dataset": True,
+        "shuffle_dataset": cfg.train.stream_start is None,  # a composition stage reads its stream in order
         "seed": cfg.train.seed,
         "data_seed": None,
         "dataloader_num_workers": 0,
