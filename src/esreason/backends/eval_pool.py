@@ -98,7 +98,7 @@ def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dt
         raise UserError(f"--engines must be an integer >= 1, got {engines!r}")
     path = resolve_model_path(str(model))
     options = EvalEngineOptions(model=path, kind=kind, dtype=dtype, device=device, batch_size=batch_size,
-                                max_model_len=max_model_len)
+                                max_model_len=max_model_len, enforce_eager=not torch.cuda.is_available())
     tokenizer = AutoTokenizer.from_pretrained(path)
     info: dict[str, Any] = {"spec": str(model), "path": path, "dtype": dtype}
     if engines == 1:

@@ -81,7 +81,8 @@ class EvalEngineOptions:
     gpu_memory_utilization: float = 0.6
     """vLLM's share of the GPU; the rest holds the scorer's copy of the weights."""
     enforce_eager: bool = False
-    """vLLM without CUDA graphs."""
+    """vLLM without CUDA graphs / compilation (:func:`~esreason.backends.eval_pool.build_eval_generator`
+    sets it on machines without CUDA, where graphs do not apply)."""
     batch_size: int = 256
     """HF engine: sampler rows per forward (rows are sampled one seed at a time)."""
 
