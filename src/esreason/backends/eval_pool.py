@@ -15,6 +15,7 @@ fails the call; rerunning the evaluation resumes from the files (docs/evaluation
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Sequence
 
 from esreason.backends.base import SamplingParams
@@ -29,6 +30,13 @@ class EvalEngineHost:
     """The body of one Ray actor: an evaluation engine built from its options."""
 
     def __init__(self, options: EvalEngineOptions) -> None:
+        if os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
+            # Ray left every GPU visible: pin this engine to its own (as OpenRLHF does)
+            import ray
+
+            gpus = ray.get_gpu_ids()
+            if gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         self.engine = build_engine(options)
 
     def identity(self) -> str:
@@ -86,8 +94,8 @@ def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dt
                          start_timeout_s: float = 900) -> tuple[EngineGenerator, Any, dict[str, Any]]:
     """(generator, tokenizer, model description) like :func:`esreason.eval.harness.resolve_generator`.
 
-    model: 'demo' or a local model directory (vLLM loads files; hub ids are resolved by
-    transformers' cache only). engines: E >= 1 (E > 1: Ray actors; GPUs: one each).
+    model: 'demo', a local model directory or a hub id (vLLM and transformers fetch it).
+    engines: E >= 1 (E > 1: Ray actors; GPUs: one each).
     """
     import torch
     from transformers import AutoTokenizer
