@@ -195,3 +195,15 @@ def test_cli_backend_flags(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--model", "demo", "--tasks", "demo-add", "--output", str(tmp_path / "o"),
               "--backend", "tpu"])
+
+
+def test_experiment_file_refuses_engines_without_vllm():
+    from esreason.config import ConfigError
+    from esreason.experiments.spec import parse_spec
+
+    data = {"name": "t", "model": "demo", "task": "demo-add", "updates": 2, "methods": ["base"],
+            "eval": {"in_domain": ["demo-add"], "held_out": ["demo-sub"], "samples": 2, "ks": [1, 2], "engines": 2}}
+    with pytest.raises(ConfigError, match="'eval.engines': 2 engines need eval.backend: vllm"):
+        parse_spec(data)
+    data["eval"]["backend"] = "vllm"
+    assert parse_spec(data).eval.engines == 2
