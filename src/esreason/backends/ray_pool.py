@@ -127,6 +127,13 @@ class EngineHost:
     def noise_domain(self) -> str:
         return self.engine.noise_domain()
 
+    def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
+                          params: SamplingParams) -> Any:
+        """Held-out evaluation at the centre (:func:`esreason.backends.eval_pool.pool_generator`)."""
+        from esreason.backends.vllm_eval import engine_generate_requests
+
+        return engine_generate_requests(self.engine, prompt_ids, seeds, params)
+
     def export_state(self) -> StateFiles:
         return self.engine.export_state()
 

@@ -50,6 +50,18 @@ def make_heldout(cfg: RunConfig, generator: Any, tokenizer: Any) -> Callable[[in
     return heldout
 
 
+def heldout_generator(evaluator: Any, policy: Any, generator: Any, tokenizer: Any) -> Any:
+    """Held-out evaluation's sampler: the training engines when ES runs on vLLM (the Ray pool's
+    engines or the in-process engine, entropies scored by the trainer's policy, which holds the
+    same centre), else the trainer's own HF sampler."""
+    from esreason.backends.eval_pool import pool_generator, runs_on_vllm
+    from esreason.eval.scoring import EntropyScorer
+
+    if not runs_on_vllm(evaluator):
+        return generator
+    return pool_generator(evaluator, tokenizer, EntropyScorer(policy.model))
+
+
 def flatten_eval(res: dict[str, Any], prefix: str = "heldout") -> dict[str, float]:
     """{'task': {'pass@1': x}} -> {'heldout/task/pass@1': x} (numbers only)."""
     out: dict[str, float] = {}
@@ -151,7 +163,6 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
                                   datasets={cfg.task: f"{len(problems)} problems, split {cfg.train.split}"})
         write_manifest(out, manifest)
     record_extension(out, cfg, check, start_step)
-    heldout = make_heldout(cfg, generator, tokenizer)
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
     truncate_after = (start_step if start_step else -1) if resume else None
     from esreason.es_loop.select import build_evaluator
@@ -160,6 +171,7 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     # engines) must not leave a directory that "already holds a run".
     evaluator = build_evaluator(cfg, policy, generator, tokenizer)
     try:
+        heldout = make_heldout(cfg, heldout_generator(evaluator, policy, generator, tokenizer), tokenizer)
         with MetricsLogger(out, truncate_after=truncate_after) as logger:
             trainer = ESTrainer(cfg, policy, generator, problems, prompts, scorer, run_dir, logger, heldout,
                                 evaluator=evaluator)

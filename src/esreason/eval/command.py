@@ -4,7 +4,7 @@
                   [--samples 32] [--temperature 0.6] [--top-p 1.0] [--max-new-tokens 2048]
                   [--k 1,16,32] [--greedy] [--limit N] [--data-dir D] [--split test]
                   [--seed S] [--batch-size B] [--device cpu|cuda] [--dtype float32]
-                  [--bootstrap 1000] [--no-progress]
+                  [--bootstrap 1000] [--no-progress] [--backend hf|vllm] [--engines E]
 
 Parsing only; bad values raise :class:`esreason.errors.UserError` (one line, exit 2).
 """
@@ -65,6 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="bootstrap resamples for the 95%% intervals (0: none; default 1000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+                   help="sampler: hf (transformers, any device; default) or vllm (vLLM engines, "
+                        "entropy by a teacher-forced pass; docs/evaluation.md)")
+    p.add_argument("--engines", type=int, default=1,
+                   help="vLLM engines, one GPU each; E > 1 runs them as Ray actors (default 1)")
     p.set_defaults(func=run)
     return p
 
@@ -82,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                        ks=parse_ks(args.k), greedy=args.greedy, limit=args.limit, data_dir=args.data_dir,
                        seed=args.seed, batch_size=args.batch_size, split=args.split,
                        progress=not args.no_progress, device=args.device, dtype=args.dtype,
-                       ci_resamples=args.bootstrap, suite=args.suite)
+                       ci_resamples=args.bootstrap, suite=args.suite, backend=args.backend, engines=args.engines)
     print(summary.to_markdown())
     print(f"results: {summary.output_dir}/summary.json, {summary.output_dir}/<task>/responses.jsonl")
     return 0

@@ -218,7 +218,8 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
              ks: Sequence[int] | None = None, greedy: bool = False, limit: int | None = None,
              data_dir: str | Path | None = None, seed: int = 0, batch_size: int = 256, split: str = "test",
              progress: bool = True, device: str | None = None, dtype: str = "float32",
-             ci_resamples: int = 1000, ci_level: float = 0.95, suite: str | None = None) -> Summary:
+             ci_resamples: int = 1000, ci_level: float = 0.95, suite: str | None = None,
+             backend: str = "hf", engines: int = 1) -> Summary:
     """Evaluate ``model`` on ``tasks`` and write the results to ``output_dir`` (resumable).
 
     model: see :func:`resolve_generator`. tasks: registry names (``esreason.tasks.names()``).
@@ -230,6 +231,10 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
         problems (at least one). Responses are bit-reproducible for the same batch size.
     ci_resamples / ci_level: bootstrap of every reported number (0 resamples: no interval).
     suite: name of the suite the tasks came from (reports only).
+    backend: 'hf' (our sampler) or 'vllm' (:mod:`esreason.backends.vllm_eval`: per-request
+        seeds, entropy by a teacher-forced pass); ``model`` must then be a spec.
+    engines: vLLM engines (E > 1: Ray actors, one GPU each); a call then covers
+        ``batch_size * engines`` rows, ``batch_size`` per engine.
     """
     names = [tasks] if isinstance(tasks, str) else list(dict.fromkeys(tasks))
     if not names:
@@ -245,28 +250,68 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
     out_dir = Path(output_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"output {out_dir} exists and is not a directory")
-    generator, tokenizer, model_info = resolve_generator(model, batch_size=batch_size, dtype=dtype, device=device)
+    generator, tokenizer, model_info = _backend_generator(model, backend, engines, batch_size=batch_size,
+                                                          dtype=dtype, device=device)
+    try:
+        rows = batch_size * (engines if backend == "vllm" else 1)
+        sampler = {"backend": backend, "engines": engines}
+        return _evaluate(generator, tokenizer, model_info, names, problems, sources, out_dir, protocol, ks,
+                         rows=rows, sampler=sampler, limit=limit, data_dir=data_dir, split=split,
+                         progress=progress, boot=(ci_resamples, ci_level), suite=suite)
+    finally:
+        close = getattr(generator, "close", None)
+        if backend == "vllm" and callable(close):
+            close()
 
+
+def _backend_generator(model: Any, backend: str, engines: int, *, batch_size: int, dtype: str,
+                       device: str | None) -> tuple[Generator, Any, dict[str, Any]]:
+    """:func:`resolve_generator` for ``backend='hf'``; the vLLM engines for ``'vllm'``."""
+    if backend == "hf":
+        if engines != 1:
+            raise UserError(f"engines={engines} needs backend 'vllm' (the HF sampler runs in this process)")
+        return resolve_generator(model, batch_size=batch_size, dtype=dtype, device=device)
+    if backend != "vllm":
+        raise UserError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+    if not isinstance(model, (str, Path)):
+        raise UserError("backend 'vllm' needs a model spec ('demo' or a model directory), not an in-memory model")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UserError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    from esreason.backends.eval_pool import build_eval_generator
+
+    return build_eval_generator(str(model), engines=engines, dtype=dtype, device=device, batch_size=batch_size)
+
+
+def _evaluate(generator: Generator, tokenizer: Any, model_info: dict[str, Any], names: list[str],
+              problems: dict[str, list[Problem]], sources: dict[str, str | None], out_dir: Path,
+              protocol: Protocol, ks: tuple[int, ...], *, rows: int, sampler: dict[str, Any], limit: int | None,
+              data_dir: str | Path | None, split: str, progress: bool, boot: tuple[int, float],
+              suite: str | None) -> Summary:
+    """The body of :func:`evaluate` once the generator runs (``rows``: rows per generate call)."""
+    samples, seed = protocol.samples, protocol.seed
     current = {"protocol": protocol.as_dict(), "split": split, "model": model_info}
     stored = check_manifest(out_dir, current)
-    if stored is not None and stored.get("batch_size") != batch_size:
-        log.warning("resuming %s with batch size %s (was %s): new responses are not bit-identical to an "
-                    "uninterrupted run", out_dir, batch_size, stored.get("batch_size"))
+    if stored is not None and (stored.get("batch_size") != rows
+                               or stored.get("sampler", {"backend": "hf", "engines": 1}) != sampler):
+        log.warning("resuming %s with %s rows per call on %s (was %s on %s): new responses are not "
+                    "bit-identical to an uninterrupted run", out_dir, rows, sampler, stored.get("batch_size"),
+                    stored.get("sampler", {"backend": "hf", "engines": 1}))
     from esreason.io.manifest import build_manifest
 
-    manifest = build_manifest({"tasks": names, "samples": samples, "temperature": temperature, "top_p": top_p,
-                               "max_new_tokens": max_new_tokens, "ks": list(ks), "greedy": bool(greedy),
-                               "limit": limit, "data_dir": str(data_dir) if data_dir else None, "seed": seed,
-                               "batch_size": batch_size, "split": split}, seeds={"eval_seed": seed})
+    manifest = build_manifest({"tasks": names, "samples": samples, "temperature": protocol.temperature,
+                               "top_p": protocol.top_p, "max_new_tokens": protocol.max_new_tokens, "ks": list(ks),
+                               "greedy": protocol.greedy, "limit": limit,
+                               "data_dir": str(data_dir) if data_dir else None, "seed": seed,
+                               "batch_size": rows, "split": split, **sampler}, seeds={"eval_seed": seed})
     task_info = dict((stored or {}).get("tasks", {}))
     task_info.update({t: {"data": sources[t], "problems_requested": len(problems[t])} for t in names})
     manifest.update({"kind": MANIFEST_KIND, "protocol": protocol.as_dict(), "split": split, "model": model_info,
-                     "batch_size": batch_size, "tasks": task_info})
+                     "batch_size": rows, "sampler": sampler, "tasks": task_info})
     out_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(out_dir, manifest)
 
     scorers = TaskScorers()
-    per_call = problems_per_call(samples, batch_size)
+    per_call = problems_per_call(samples, rows)
     tables: dict[str, list[dict[str, float | None]]] = {}
     timings: dict[str, Any] = {}
     total = Timings()
@@ -284,9 +329,9 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
         total.add(stats)
     timings["total"] = total.as_dict()
 
-    names_m = metric_names(ks, samples, bool(greedy))
-    boot = Bootstrap(ci_resamples, ci_level, seed) if ci_resamples > 0 else None
-    estimates = summarize(tables, names_m, boot)
+    names_m = metric_names(ks, samples, protocol.greedy)
+    ci_resamples, ci_level = boot
+    estimates = summarize(tables, names_m, Bootstrap(ci_resamples, ci_level, seed) if ci_resamples > 0 else None)
     summary = Summary(output_dir=out_dir, model=str(model_info.get("path") or model_info.get("spec")
                                                         or model_info["identity"]),
                       tasks=names, names=names_m, ks=ks, protocol=protocol, split=split,

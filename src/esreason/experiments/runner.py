@@ -161,7 +161,7 @@ def _evaluate(model: str, spec: ExperimentSpec, out: Path, progress: bool) -> fl
     evaluate(model, list(p.tasks), output_dir=out, samples=p.samples, temperature=p.temperature, top_p=p.top_p,
              max_new_tokens=p.max_new_tokens, ks=p.ks, greedy=p.greedy, limit=p.limit, data_dir=spec.data_dir,
              seed=p.seed, batch_size=p.batch_size, progress=progress, device=device, dtype=dtype,
-             ci_resamples=p.ci_resamples)
+             ci_resamples=p.ci_resamples, backend=p.backend, engines=p.engines)
     return time.perf_counter() - t0
 
 

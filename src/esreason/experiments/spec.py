@@ -195,6 +195,9 @@ def _eval_protocol(data: Any) -> EvalProtocol:
                           f"(got {proto.backend!r})")
     if proto.engines < 1:
         raise ConfigError(f"config key 'eval.engines': must be >= 1 (got {proto.engines})")
+    if proto.engines > 1 and proto.backend != "vllm":
+        raise ConfigError(f"config key 'eval.engines': {proto.engines} engines need eval.backend: vllm "
+                          f"(the hf sampler runs in one process)")
     from dataclasses import replace
 
     return replace(proto, held_out=held)

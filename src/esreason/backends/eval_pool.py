@@ -1,0 +1,151 @@
+"""Evaluation generators for ``backend: vllm``: one in-process engine, or E Ray actors.
+
+- :func:`build_eval_generator`: what ``esreason eval --backend vllm --engines E`` and the
+  experiment runner's ``eval.backend: vllm`` use. E = 1 runs the engine in this process;
+  E > 1 starts E actors (:class:`EvalEngineHost`), one GPU each on GPU machines (Ray sets
+  each actor's ``CUDA_VISIBLE_DEVICES``), and spreads every call's rows over them.
+- :func:`pool_generator`: held-out evaluation during ES training on the engines that train
+  (the :class:`~esreason.backends.ray_pool.RayEnginePool`'s actors or the in-process vLLM
+  engine), entropies scored on the driver by the trainer's policy (it holds the centre).
+
+Ray is imported lazily (:func:`esreason.backends.ray_pool.import_ray`). An engine that dies
+fails the call; rerunning the evaluation resumes from the files (docs/evaluation.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Sequence
+
+from esreason.backends.base import SamplingParams
+from esreason.backends.vllm_eval import (EngineGenerator, EvalEngineOptions, RequestOutput, build_engine,
+                                         engine_generate_requests, local_generator)
+from esreason.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class EvalEngineHost:
+    """The body of one Ray actor: an evaluation engine built from its options."""
+
+    def __init__(self, options: EvalEngineOptions) -> None:
+        if os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
+            # Ray left every GPU visible: pin this engine to its own (as OpenRLHF does)
+            import ray
+
+            gpus = ray.get_gpu_ids()
+            if gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        self.engine = build_engine(options)
+
+    def identity(self) -> str:
+        return self.engine.identity()
+
+    def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
+                          params: SamplingParams) -> RequestOutput:
+        return self.engine.generate_requests(prompt_ids, seeds, params)
+
+
+def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpus: float,
+                   start_timeout_s: float) -> EngineGenerator:
+    from esreason.backends.ray_pool import import_ray
+
+    ray = import_ray()
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    have = ray.cluster_resources()
+    if gpus and have.get("GPU", 0.0) < engines * gpus:
+        if owned:
+            ray.shutdown()
+        raise UserError(f"--engines {engines}: {engines} vLLM evaluation engines need {engines * gpus:g} GPUs "
+                        f"but the Ray cluster has {have.get('GPU', 0.0):g}; lower --engines (eval.engines)")
+    remote = ray.remote(EvalEngineHost).options(num_cpus=1, num_gpus=gpus, max_restarts=0)
+    actors = [remote.remote(options) for _ in range(engines)]
+
+    def close() -> None:
+        for a in actors:
+            ray.kill(a)
+        if owned:
+            ray.shutdown()
+
+    try:
+        identities = ray.get([a.identity.remote() for a in actors], timeout=start_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        close()
+        raise UserError(f"{engines} {options.kind} evaluation engines did not start within "
+                        f"{start_timeout_s:g} s") from None
+    except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+        close()
+        text = str(exc).strip()
+        raise UserError(f"an evaluation engine failed to start: {text.splitlines()[-1] if text else exc!r}") from None
+    if len(set(identities)) != 1:
+        close()
+        raise RuntimeError(f"evaluation engines loaded different weights: {sorted(set(identities))}")
+    log.info("evaluation: %d %s engines (Ray)", engines, options.kind)
+    return EngineGenerator(tokenizer, engines,
+                           lambda k, ids, seeds, p: actors[k].generate_requests.remote(ids, seeds, p),
+                           ray.get, identity=identities[0], close=close)
+
+
+def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dtype: str = "float32",
+                         device: str | None = None, batch_size: int = 256, max_model_len: int | None = None,
+                         start_timeout_s: float = 900) -> tuple[EngineGenerator, Any, dict[str, Any]]:
+    """(generator, tokenizer, model description) like :func:`esreason.eval.harness.resolve_generator`.
+
+    model: 'demo', a local model directory or a hub id (vLLM and transformers fetch it).
+    engines: E >= 1 (E > 1: Ray actors; GPUs: one each).
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from esreason.backends.hf import resolve_model_path
+
+    if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
+        raise UserError(f"--engines must be an integer >= 1, got {engines!r}")
+    path = resolve_model_path(str(model))
+    options = EvalEngineOptions(model=path, kind=kind, dtype=dtype, device=device, batch_size=batch_size,
+                                max_model_len=max_model_len, enforce_eager=not torch.cuda.is_available())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    info: dict[str, Any] = {"spec": str(model), "path": path, "dtype": dtype}
+    if engines == 1:
+        generator = local_generator(build_engine(options), tokenizer)
+    else:
+        gpus = 1.0 if (kind == "vllm" and torch.cuda.is_available()) else 0.0
+        generator = _ray_generator(options, engines, tokenizer, gpus, start_timeout_s)
+    info["identity"] = generator.identity
+    return generator, tokenizer, info
+
+
+def runs_on_vllm(evaluator: Any) -> bool:
+    """Whether an ES population evaluator samples on vLLM engines (in-process or a Ray pool)."""
+    if getattr(getattr(evaluator, "engine", None), "llm", None) is not None:
+        return True
+    return getattr(evaluator, "kind", None) == "vllm" and hasattr(evaluator, "slots")
+
+
+def pool_generator(evaluator: Any, tokenizer: Any, scorer: Any) -> EngineGenerator:
+    """A generator on the training engines of a vLLM ES run (:func:`runs_on_vllm`).
+
+    evaluator: the ES population evaluator (:class:`~esreason.backends.vllm.VLLMEvaluator`
+    or a :class:`~esreason.backends.ray_pool.RayEnginePool`); its engines hold the centre
+    between steps (an actor runs the calls it was sent in order, so a held-out call sent
+    after an update's ``apply_update`` sees the updated centre). scorer: the driver's
+    :class:`~esreason.eval.scoring.EntropyScorer` over the trainer's policy.
+    """
+    engine = getattr(evaluator, "engine", None)
+    if getattr(engine, "llm", None) is not None:
+        return EngineGenerator(tokenizer, 1,
+                               lambda k, ids, seeds, p: engine_generate_requests(engine, ids, seeds, p),
+                               lambda outs: outs, scorer=scorer)
+    if not hasattr(evaluator, "slots"):
+        raise ValueError(f"{type(evaluator).__name__} has no engines to evaluate on")
+    ray = evaluator.ray
+
+    def submit(k: int, ids: list[list[int]], seeds: list[int], p: SamplingParams) -> Any:
+        evaluator.wait_reference()
+        slots = evaluator.slots
+        return slots[k % len(slots)].actor.generate_requests.remote(ids, seeds, p)
+
+    return EngineGenerator(tokenizer, len(evaluator.slots), submit, ray.get, scorer=scorer)

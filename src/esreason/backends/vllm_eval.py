@@ -1,0 +1,307 @@
+"""Evaluation on engines: per-request seeded sampling on vLLM, spread over E engines (Ray when E > 1).
+
+The paper evaluates 32 samples + 1 greedy response per problem (appendix "Evaluation
+Configuration"); at Easy scale that is the dominant compute, so ``esreason eval --backend
+vllm --engines E`` runs it on E single-GPU vLLM engines. The contract of the HF path is
+kept (:mod:`esreason.eval.collect`): the harness still makes one ``generate`` call per
+chunk of problems with the call seed of (protocol seed, task, call index); this module is
+the :class:`~esreason.backends.base.Generator` behind it.
+
+One call of :class:`EngineGenerator`:
+
+1. prompts are tokenised on the driver without special tokens (the chat template already
+   put BOS), exactly as the HF sampler does;
+2. every row gets its own sampling seed, ``request_seeds(call seed, rows)``
+   (:func:`esreason.backends.vllm.request_seeds`, also used by the ES vLLM engine), computed
+   on the driver before the rows are split, so a row's response does not depend on E;
+3. rows are split into E contiguous blocks (problem-major rows: each engine gets whole
+   problems except at block edges), sent to the engines (Ray actors when E > 1, each
+   with one GPU) and merged back in prompt order;
+4. texts are decoded on the driver with :func:`esreason.embedded.safe_decode`, like the
+   sampler's; token ids exclude the stop token; the entropy sums (``compute_entropy``) come
+   from a teacher-forced pass (:class:`esreason.eval.scoring.EntropyScorer`) over the
+   sampled responses: on the engine's device by its own transformers copy (``esreason
+   eval``), or on the driver by the trainer's policy (held-out evaluation during ES).
+
+A row whose prompt fills the context gets an empty response (the sampler's rule); the
+response budget is ``min(max_new_tokens, max_model_len - prompt length)``.
+
+Engines: :class:`VLLMEvalEngine` (vLLM + transformers scorer) and :class:`HFEvalEngine`
+(our sampler, one row at a time with its own seed: the CPU twin used to test the fan-out,
+sharding and merging without vLLM). ES pool engines (``backend.type: ray`` / ``vllm``)
+serve the same calls through :func:`engine_generate_requests`. vLLM and Ray are imported
+lazily, here and in :mod:`esreason.backends.ray_pool` only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from esreason.backends.base import Generation, SamplingParams
+from esreason.backends.vllm import import_vllm, request_seeds
+from esreason.errors import UserError
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What an engine returns for its block of rows (token ids without the stop token)."""
+
+    token_ids: list[list[int]]
+    entropy_sum: list[float] | None
+
+
+class RequestEngine(Protocol):
+    """The small interface an evaluation engine implements (in-process or inside a Ray actor)."""
+
+    def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
+                          params: SamplingParams) -> RequestOutput:
+        """One response per row, row i sampled with ``seeds[i]``."""
+
+    def identity(self) -> str:
+        """``sha256:`` of the weights (:func:`esreason.io.hash_state_dict`), as the HF path records it."""
+
+
+@dataclass(frozen=True)
+class EvalEngineOptions:
+    """How an evaluation engine starts (one per GPU)."""
+
+    model: str
+    """Local model directory (resolved by the caller)."""
+    kind: str = "vllm"
+    """'vllm' (:class:`VLLMEvalEngine`) or 'hf' (:class:`HFEvalEngine`, CPU twin)."""
+    dtype: str = "float32"
+    """Weights dtype of the engine and of its transformers scorer."""
+    device: str | None = None
+    """Device of the transformers scorer / HF engine (None: cuda when available)."""
+    max_model_len: int | None = None
+    """vLLM context (None: the model's ``max_position_embeddings``)."""
+    gpu_memory_utilization: float = 0.6
+    """vLLM's share of the GPU; the rest holds the scorer's copy of the weights."""
+    enforce_eager: bool = False
+    """vLLM without CUDA graphs / compilation (:func:`~esreason.backends.eval_pool.build_eval_generator`
+    sets it on machines without CUDA, where graphs do not apply)."""
+    batch_size: int = 256
+    """HF engine: sampler rows per forward (rows are sampled one seed at a time)."""
+
+
+def _strip_stop(ids: Sequence[int], finish_reason: str | None, eos: set[int]) -> list[int]:
+    """vLLM keeps the EOS id in ``token_ids``; the sampler's convention drops it."""
+    out = list(ids)
+    if finish_reason == "stop" and out and out[-1] in eos:
+        out.pop()
+    return out
+
+
+def eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
+    """The tokenizer's EOS plus ``generation_config.eos_token_id`` (int or list), as the sampler uses."""
+    from transformers import GenerationConfig
+
+    ids = {int(tokenizer.eos_token_id)} if getattr(tokenizer, "eos_token_id", None) is not None else set()
+    try:
+        extra = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except OSError:
+        extra = None
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, (list, tuple)):
+        ids.update(int(i) for i in extra)
+    return ids
+
+
+def vllm_generate(llm: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams,
+                  eos: set[int]) -> list[list[int]]:
+    """Per-request seeded sampling on a ``vllm.LLM``; token ids per row (stop token dropped)."""
+    vllm = import_vllm()
+    max_len = int(llm.llm_engine.model_config.max_model_len)
+    out: list[list[int]] = [[] for _ in prompt_ids]
+    rows, inputs, sampling = [], [], []
+    for i, (ids, seed) in enumerate(zip(prompt_ids, seeds)):
+        budget = min(params.max_new_tokens, max_len - len(ids))
+        if budget <= 0:
+            continue  # the prompt fills the context: empty response (the sampler's rule)
+        rows.append(i)
+        inputs.append({"prompt_token_ids": [int(t) for t in ids]})
+        sampling.append(vllm.SamplingParams(temperature=float(params.temperature), top_p=float(params.top_p),
+                                            max_tokens=int(budget), seed=int(seed), detokenize=False))
+    if rows:
+        for i, res in zip(rows, llm.generate(inputs, sampling, use_tqdm=False)):
+            choice = res.outputs[0]
+            out[i] = _strip_stop(choice.token_ids, choice.finish_reason, eos)
+    return out
+
+
+class VLLMEvalEngine:
+    """A plain ``vllm.LLM`` over a model directory plus a transformers scorer for entropies."""
+
+    def __init__(self, options: EvalEngineOptions) -> None:
+        from esreason.backends.hf import load_model
+        from esreason.eval.scoring import EntropyScorer
+
+        vllm = import_vllm()
+        kwargs: dict[str, Any] = dict(model=options.model, tokenizer=options.model, dtype=options.dtype, seed=0,
+                                      enforce_eager=options.enforce_eager,
+                                      gpu_memory_utilization=options.gpu_memory_utilization)
+        if options.max_model_len is not None:
+            kwargs["max_model_len"] = options.max_model_len
+        self.llm = vllm.LLM(**kwargs)
+        model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device or _device())
+        self.model = model
+        self.scorer = EntropyScorer(model)
+        self.eos = eos_ids(options.model, tokenizer)
+
+    def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
+                          params: SamplingParams) -> RequestOutput:
+        ids = vllm_generate(self.llm, prompt_ids, seeds, params, self.eos)
+        ent = self.scorer.entropy_sums(prompt_ids, ids, params.temperature) if params.compute_entropy else None
+        return RequestOutput(ids, ent)
+
+    def identity(self) -> str:
+        return _identity(self.model)
+
+
+class HFEvalEngine:
+    """Our transformers sampler with one seed per row (CPU twin of :class:`VLLMEvalEngine`)."""
+
+    def __init__(self, options: EvalEngineOptions) -> None:
+        from esreason.backends.hf import load_model
+        from esreason.backends.sampling import Sampler
+
+        model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device or _device())
+        self.model = model
+        self.sampler = Sampler(model, tokenizer, batch_size=options.batch_size)
+
+    def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
+                          params: SamplingParams) -> RequestOutput:
+        return sampler_generate_requests(self.sampler, prompt_ids, seeds, params)
+
+    def identity(self) -> str:
+        return _identity(self.model)
+
+
+def sampler_generate_requests(sampler: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
+                              params: SamplingParams) -> RequestOutput:
+    """Row i sampled by the HF sampler alone with seed ``seeds[i]`` (entropy from the sampler itself)."""
+    ids: list[list[int]] = []
+    ents: list[float] = []
+    for row, seed in zip(prompt_ids, seeds):
+        gen = sampler.generate_ids([row], SamplingParams(
+            max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+            seed=int(seed), compute_entropy=params.compute_entropy))
+        ids.append(gen.token_ids[0])
+        if gen.entropy_sum is not None:
+            ents.append(gen.entropy_sum[0])
+    return RequestOutput(ids, ents if params.compute_entropy else None)
+
+
+def engine_generate_requests(engine: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
+                             params: SamplingParams) -> RequestOutput:
+    """The same call on an ES pool engine at its centre (:class:`~esreason.backends.vllm.VLLMEngine`
+    or :class:`~esreason.backends.engine.HFEngine`); no entropies (the driver scores them)."""
+    plain = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                           top_p=params.top_p, seed=params.seed, compute_entropy=False)
+    llm = getattr(engine, "llm", None)
+    if llm is not None:
+        if not hasattr(engine, "_eval_eos"):
+            engine._eval_eos = eos_ids(str(engine._dir), engine.tokenizer)
+        return RequestOutput(vllm_generate(llm, prompt_ids, seeds, plain, engine._eval_eos), None)
+    return sampler_generate_requests(engine.sampler, prompt_ids, seeds, plain)
+
+
+def build_engine(options: EvalEngineOptions) -> RequestEngine:
+    """The evaluation engine of ``options.kind``."""
+    if options.kind == "vllm":
+        return VLLMEvalEngine(options)
+    if options.kind == "hf":
+        return HFEvalEngine(options)
+    raise UserError(f"evaluation engine kind must be 'vllm' or 'hf', got {options.kind!r}")
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _identity(model: Any) -> str:
+    from esreason.io.hashing import hash_state_dict
+
+    return "sha256:" + hash_state_dict(model.state_dict())
+
+
+def split_rows(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous [start, end) blocks covering range(n), sizes differing by at most one
+    (empty blocks dropped)."""
+    base, extra = divmod(n, parts)
+    blocks, start = [], 0
+    for k in range(parts):
+        end = start + base + (1 if k < extra else 0)
+        if end > start:
+            blocks.append((start, end))
+        start = end
+    return blocks
+
+
+#: Sends one block of rows to engine k and returns a handle; ``collect`` turns handles into outputs.
+Submit = Callable[[int, list[list[int]], list[int], SamplingParams], Any]
+
+
+class EngineGenerator:
+    """A :class:`~esreason.backends.base.Generator` over E engines (see the module docstring).
+
+    tokenizer: the model's tokenizer (prompts are tokenised and responses decoded here).
+    engines: how many engines ``submit`` can address. submit/collect: dispatch one block
+        and gather all blocks (in-process: call directly; Ray: ``.remote`` and ``ray.get``).
+    scorer: an :class:`~esreason.eval.scoring.EntropyScorer` on the driver, or None when the
+        engines compute entropies themselves.
+    identity: the weights' identity recorded in the evaluation manifest.
+    """
+
+    def __init__(self, tokenizer: Any, engines: int, submit: Submit, collect: Callable[[list[Any]], list[Any]],
+                 *, scorer: Any = None, identity: str | None = None, close: Callable[[], None] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.engines = engines
+        self._submit, self._collect, self._close = submit, collect, close
+        self.scorer = scorer
+        self.identity = identity
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> Generation:
+        from esreason.backends.sampling import check_params
+        from esreason.embedded import safe_decode
+
+        check_params(params)
+        ids = [list(r) for r in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]] \
+            if len(prompts) else []
+        seeds = request_seeds(params.seed, len(ids))
+        blocks = split_rows(len(ids), max(1, self.engines))
+        engine_params = params if self.scorer is None else SamplingParams(
+            max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+            seed=params.seed, compute_entropy=False)
+        handles = [self._submit(k, ids[a:b], seeds[a:b], engine_params) for k, (a, b) in enumerate(blocks)]
+        token_ids: list[list[int]] = []
+        entropy: list[float] | None = [] if params.compute_entropy else None
+        for (a, b), out in zip(blocks, self._collect(handles)):
+            if len(out.token_ids) != b - a:
+                raise RuntimeError(f"an evaluation engine returned {len(out.token_ids)} responses for {b - a} rows")
+            token_ids.extend(out.token_ids)
+            if entropy is not None and self.scorer is None:
+                entropy.extend(out.entropy_sum)
+        if entropy is not None and self.scorer is not None:
+            entropy = self.scorer.entropy_sums(ids, token_ids, params.temperature)
+        texts = [safe_decode(self.tokenizer, t, skip_special_tokens=True) for t in token_ids]
+        return Generation(texts=texts, token_ids=token_ids, entropy_sum=entropy)
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+            self._close = None
+
+
+def local_generator(engine: RequestEngine, tokenizer: Any, scorer: Any = None,
+                    identity: str | None = None) -> EngineGenerator:
+    """One in-process engine."""
+    return EngineGenerator(tokenizer, 1, lambda k, ids, seeds, p: engine.generate_requests(ids, seeds, p),
+                           lambda outs: outs, scorer=scorer,
+                           identity=identity if identity is not None else engine.identity())

@@ -1,0 +1,115 @@
+"""Token entropy of sampled responses by a teacher-forced scoring pass (the fast path's entropy).
+
+The paper tracks the token-level entropy of the policy (section "Entropy Collapse",
+``H(s) = -sum_a p_a log p_a``); our evaluation records, per response, the sum over its
+generated tokens of the entropy of softmax(logits / T_eval) *before* top-p truncation
+(:mod:`esreason.backends.sampling`, ``compute_entropy``). The HF sampler computes it while
+decoding. vLLM returns only the top-k log-probabilities of each step, not the
+full-vocabulary distribution, so its prompt log-probs cannot give this number exactly.
+Instead, the responses an engine sampled are fed back through a transformers copy of the
+same weights in one forward per batch (teacher forcing): the logits at position
+``len(prompt) + t - 1`` are the ones the sampler saw when it chose response token t.
+
+Conventions match the sampler exactly: prompt ids are the chat-rendered prompt tokenised
+without special tokens; response ids exclude the stop token (the step that emits EOS is
+not counted); T = 1 for greedy responses. On the same responses the two agree to float
+tolerance (tests/test_vllm_eval.py compares them; they differ only by the summation order
+of a prefill + incremental decode against one full forward).
+
+Memory: logits are computed for ``slice_tokens`` positions at a time from the final
+hidden states, so a 2,048-token response at a 152k vocabulary never materialises its
+[L, V] logits at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from esreason.backends import topp
+
+#: Positions whose logits are formed at once (per row) from the final hidden states.
+SLICE_TOKENS = 256
+#: Prompt + response tokens per scoring forward (rows are packed up to this budget).
+TOKENS_PER_FORWARD = 16384
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any]:
+    """(the body returning final hidden states, the LM head) of a transformers causal LM."""
+    body = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    head = model.get_output_embeddings()
+    if body is None or head is None:
+        raise TypeError(f"{type(model).__name__}: cannot find the decoder and the LM head for entropy scoring")
+    return body, head
+
+
+class EntropyScorer:
+    """Per-response entropy sums of given responses under a transformers causal LM.
+
+    model: the same weights that sampled the responses (any device / dtype; the logits
+        are promoted to float32 before the softmax, as in the sampler).
+    tokens_per_forward: padded prompt + response tokens per forward (memory knob).
+    """
+
+    def __init__(self, model: Any, *, tokens_per_forward: int = TOKENS_PER_FORWARD,
+                 slice_tokens: int = SLICE_TOKENS) -> None:
+        self.model = model
+        self.body, self.head = _decoder_and_head(model)
+        self.tokens_per_forward = max(1, int(tokens_per_forward))
+        self.slice_tokens = max(1, int(slice_tokens))
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.device = next(model.parameters()).device
+
+    def entropy_sums(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                     temperature: float) -> list[float]:
+        """Per row: sum over its response tokens of H(softmax(logits / T)) in nats (T = 1 when 0).
+
+        prompt_ids / response_ids: one list of token ids per row (response without the stop token).
+        """
+        if len(prompt_ids) != len(response_ids):
+            raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
+        t = 1.0 if temperature == 0 else float(temperature)
+        out = [0.0] * len(prompt_ids)
+        order = sorted((i for i in range(len(prompt_ids)) if response_ids[i]),
+                       key=lambda i: -(len(prompt_ids[i]) + len(response_ids[i])))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                start = 0
+                while start < len(order):
+                    width = len(prompt_ids[order[start]]) + len(response_ids[order[start]])
+                    rows = max(1, self.tokens_per_forward // width)
+                    batch = order[start:start + rows]
+                    for i, value in zip(batch, self._score_batch([prompt_ids[i] for i in batch],
+                                                                 [response_ids[i] for i in batch], t)):
+                        out[i] = value
+                    start += rows
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _score_batch(self, prompts: list[Sequence[int]], responses: list[Sequence[int]], t: float) -> list[float]:
+        """One right-padded forward over prompt + response rows; entropy sums per row."""
+        lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+        width = max(lengths)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, W]
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, W]
+        for j, (p, r) in enumerate(zip(prompts, responses)):
+            ids[j, :lengths[j]] = torch.tensor(list(p) + list(r), dtype=torch.long)
+            mask[j, :lengths[j]] = 1
+        pos = torch.arange(width).unsqueeze(0).expand(len(prompts), -1)  # [B, W] (right padding)
+        hidden = self.body(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                           position_ids=pos.to(self.device)).last_hidden_state  # [B, W, H]
+        sums = []
+        for j, (p, r) in enumerate(zip(prompts, responses)):
+            first, last = len(p) - 1, len(p) + len(r) - 1  # logits at [first, last) choose response tokens
+            total = torch.zeros((), dtype=torch.float64, device=hidden.device)
+            for s in range(first, last, self.slice_tokens):
+                logits = self.head(hidden[j, s:min(last, s + self.slice_tokens)])  # [S, V]
+                if self.softcap:
+                    logits = torch.tanh(logits.float() / self.softcap) * self.softcap
+                total += topp.entropy(topp.scaled_log_probs(logits, t)).double().sum()
+            sums.append(float(total))
+        return sums
