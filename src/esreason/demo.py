@@ -38,10 +38,19 @@ QUICK_OVERRIDES = (
 )
 
 
-def demo_spec(quick: bool = False, extra: tuple[str, ...] = ()):
+def seed_overrides(seeds: int) -> tuple[str, ...]:
+    """``--seeds N``: no override for N = 1 (the shipped single-seed layout), else ``seeds=[0..N-1]``."""
+    from esreason.errors import UserError
+
+    if seeds < 1:
+        raise UserError(f"--seeds: expected an integer >= 1, got {seeds}")
+    return () if seeds == 1 else (f"seeds=[{','.join(str(s) for s in range(seeds))}]",)
+
+
+def demo_spec(quick: bool = False, extra: tuple[str, ...] = (), seeds: int = 1):
     from esreason.experiments.spec import load_spec
 
-    return load_spec(DEMO_EXPERIMENT, (QUICK_OVERRIDES if quick else ()) + tuple(extra))
+    return load_spec(DEMO_EXPERIMENT, (QUICK_OVERRIDES if quick else ()) + seed_overrides(seeds) + tuple(extra))
 
 
 def _verdict(f: Finding) -> str:
@@ -49,13 +58,13 @@ def _verdict(f: Finding) -> str:
     return f"{f.verdict}: {f.claim} — {f.evidence}"
 
 
-def run_demo(output: Path, quick: bool = False, progress: bool = True) -> int:
+def run_demo(output: Path, quick: bool = False, progress: bool = True, seeds: int = 1) -> int:
     from esreason.experiments.runner import run_experiment
     from esreason.io.atomic import atomic_write_text
     from esreason.report import build_report
 
     t0 = time.perf_counter()
-    spec = demo_spec(quick)
+    spec = demo_spec(quick, seeds=seeds)
     print(f"esreason demo -> {output}  ({'quick' if quick else 'full'}; CPU)")
     print(f"  {', '.join(m.label for m in spec.methods)} on {spec.task}, {spec.updates} updates each; "
           f"evaluated on {', '.join(spec.eval.tasks)} ({spec.eval.samples} samples per problem, "
