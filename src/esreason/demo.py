@@ -54,8 +54,10 @@ def demo_spec(quick: bool = False, extra: tuple[str, ...] = (), seeds: int = 1):
 
 
 def _verdict(f: Finding) -> str:
-    """One line per finding: the verdict word of :mod:`esreason.report.verdicts`, the claim, the evidence."""
-    return f"{f.verdict}: {f.claim} — {f.evidence}"
+    """One line per finding: the verdict word of :mod:`esreason.report.verdicts`, the claim, the evidence,
+    what its interval covers, and (several seeds) the verdict on each seed alone."""
+    seeds = f"; per seed: {f.seeds_line}" if f.seeds_line else ""
+    return f"{f.verdict}: {f.claim} — {f.evidence} (interval covers: {f.variance}{seeds})"
 
 
 def run_demo(output: Path, quick: bool = False, progress: bool = True, seeds: int = 1) -> int:
@@ -73,13 +75,16 @@ def run_demo(output: Path, quick: bool = False, progress: bool = True, seeds: in
     report = build_report(output)
     elapsed = time.perf_counter() - t0
     lines = [_verdict(f) for f in report.findings]
+    covers = (f"{len(spec.seeds)} training seeds: intervals resample seeds and problems" if spec.seeds
+              else "1 training seed: evaluation noise only; `esreason demo --seeds 3` covers training variance")
     verdict_md = output / "verdicts.md"
     atomic_write_text(verdict_md, "# esreason demo: the paper's findings in miniature\n\n"
+                      + f"Intervals: {covers}.\n\n"
                       + "\n".join(f"{i}. {line}" for i, line in enumerate(lines, start=1))
                       + f"\n\nTook {elapsed:.0f} s on this machine{' (quick)' if quick else ''}.\n")
     print()
-    print("Paper findings in miniature (0.87M model; 'holds': the paired 95% bootstrap interval excludes 0 "
-          "in the claimed direction):")
+    print(f"Paper findings in miniature (0.87M model; 'holds': the paired 95% bootstrap interval excludes 0 "
+          f"in the claimed direction; {covers}):")
     for i, line in enumerate(lines, start=1):
         print(f"  {i}. {line}")
     print()

@@ -143,17 +143,17 @@ class ExperimentSpec:
         return replace(self, es=_seeded(self.es), grpo=_seeded(self.grpo))
 
 
-def _seeds(value: Any) -> tuple[int, ...] | None:
-    """The ``seeds`` key: a non-empty list of distinct integers >= 0 (None when absent)."""
+def parse_seeds(value: Any, key: str = "seeds") -> tuple[int, ...] | None:
+    """A ``seeds`` key: a non-empty list of distinct integers >= 0 (None when absent)."""
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
         value = [value]
     if (not isinstance(value, (list, tuple)) or not value
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
-        raise ConfigError(f"config key 'seeds': expected a non-empty list of integers >= 0, got {value!r}")
+        raise ConfigError(f"config key '{key}': expected a non-empty list of integers >= 0, got {value!r}")
     if len(set(value)) != len(value):
-        raise ConfigError(f"config key 'seeds': a seed is listed twice: {list(value)}")
+        raise ConfigError(f"config key '{key}': a seed is listed twice: {list(value)}")
     return tuple(int(v) for v in value)
 
 
@@ -330,7 +330,7 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
             raise ConfigError(f"config key 'report.pairs': each pair is [train_task, test_task] from the "
                               f"evaluated tasks {list(proto.tasks)}; got {p!r}")
         pairs.append((str(p[0]), str(p[1])))
-    seeds = _seeds(data.get("seeds"))
+    seeds = parse_seeds(data.get("seeds"))
     resolved = dict(data)
     resolved["configs"] = raw_cfgs
     return ExperimentSpec(name=name, model=model, task=task, updates=int(updates or 0), methods=tuple(specs),

@@ -179,3 +179,12 @@ def variance_source(exp: Any, methods: Sequence[str | None], tasks: Sequence[str
         if ns:
             problems.append(min(ns))
     return variance_text(n_seeds, problems)
+
+
+def seed_value(exp: Any, method: str, seed: str, tasks: Sequence[str], metric: str) -> float | None:
+    """One training seed's ``metric``: on one task, or the equal-weight mean over ``tasks``
+    (None when the seed lacks the metric on one of them)."""
+    cells = [exp.seed_cell(method, seed, t, metric) for t in tasks]
+    if not cells or any(c is None or c.value is None for c in cells):
+        return None
+    return float(np.mean([c.value for c in cells]))
