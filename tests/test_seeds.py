@@ -154,3 +154,88 @@ def test_a_sweep_with_seeds_plans_one_run_per_value_and_seed_and_averages_reward
     assert trajs["8"].raw.tolist() == [0.5, 1.0] and len(per_seed["8"]) == 2
     with pytest.raises(UserError, match="different numbers of updates"):
         sweep.seed_mean_trajectories(plan, {**raws, "16/seed1": np.array([0.5])})
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory):
+    """A two-seed experiment file (Base, GRPO, ES; 2 updates; 4 problems x 4 samples per task) run
+    through the CLI with ``--set seeds=[0,1]``, report included."""
+    from test_experiments import spec_data
+
+    from esreason.cli import main
+
+    from test_experiments import ES
+
+    root = tmp_path_factory.mktemp("seeds")
+    es = {**ES, "generation": {"max_new_tokens": 40}}  # long enough to answer: rewards differ, ES moves
+    data = spec_data(methods=["base", "grpo", "es"], configs={"es": es, "grpo": spec_data()["configs"]["grpo"]},
+                     eval={"in_domain": ["demo-add"], "held_out": ["demo-sub"], "samples": 4, "ks": [1, 2, 4],
+                           "max_new_tokens": 40, "limit": 4, "ci_resamples": 200})
+    (root / "exp.yaml").write_text(yaml.safe_dump(data))
+    out = root / "exp"
+    rc = main(["experiment", "run", str(root / "exp.yaml"), "--set", "seeds=[0,1]", "--output", str(out),
+               "--no-progress"])
+    return out, rc
+
+
+def test_two_seed_experiment_trains_each_method_per_seed_and_base_once(two_seeds):
+    out, rc = two_seeds
+    assert rc == 0
+    record = json.loads((out / "experiment.json").read_text())
+    assert record["seeds"] == [0, 1] and list(record["methods"]) == ["base", "grpo", "es"]
+    assert record["methods"]["base"]["eval"] == "eval/base" and "seeds" not in record["methods"]["base"]
+    for m in ("grpo", "es"):
+        seeds = record["methods"][m]["seeds"]
+        assert sorted(seeds) == ["0", "1"]
+        for s in ("0", "1"):
+            assert seeds[s]["eval"] == f"eval/{m}/seed{s}"
+            assert (out / "runs" / m / f"seed{s}" / "done.json").is_file()
+            assert (out / seeds[s]["eval"] / "summary.json").is_file()
+        assert seeds["0"]["sha256_tensors"] != seeds["1"]["sha256_tensors"]  # another seed, another model
+        cfg = yaml.safe_load((out / "runs" / m / "seed1" / "config.yaml").read_text())
+        assert cfg["train"]["seed"] == 1
+    assert not (out / "runs" / "base").exists()
+
+
+def test_two_seed_report_pools_seeds_and_names_the_variance_of_every_verdict(two_seeds):
+    from esreason.report.load import load_experiment
+    from esreason.report.stats import paired_difference
+
+    out, _ = two_seeds
+    report = json.loads((out / "report" / "report.json").read_text())
+    interval_findings = [f for f in report["findings"] if f["id"] not in ("pareto_added", "entropy")]
+    assert interval_findings
+    for f in interval_findings:
+        if f["verdict"] != "not tested":
+            assert f["variance"].startswith("2 training seeds × 4 problems"), f  # (per task): several tasks
+    exp = load_experiment(out)
+    # the pooled value is the mean of the seeds' values, the per-seed column each seed's own
+    f = next(f for f in report["findings"] if f["id"] == "es_improves_pass1")
+    per_seed = [p["diff"]["value"] for p in f["per_seed"]]
+    assert [p["seed"] for p in f["per_seed"]] == ["0", "1"]
+    assert f["values"]["diff"]["value"] == pytest.approx(np.mean(per_seed), abs=1e-12)
+    assert f["probability"] is not None and 0.0 <= f["probability"]["value"] <= 1.0
+    d = paired_difference(exp, "es", "base", exp.tasks, "pass@1")
+    assert d.low <= d.value <= d.high
+    md = (out / "report" / "report.md").read_text()
+    for needle in ("two-level percentile bootstrap", "training seeds: GRPO: 0, 1; ES: 0, 1", "Per seed",
+                   "P(improvement)", "2 training seeds × 4 problems per task", "Agarwal et al. 2021"):
+        assert needle in md, needle
+    pareto = next(p for p in report["pareto"] if p["key"] == "__average__")
+    assert len(pareto["seed_points"]["es"]) == 2 and "base" not in pareto["seed_points"]
+    assert (out / "report" / "pareto.png").is_file() and (out / "report" / "passk_profiles.png").is_file()
+
+
+def test_one_seed_verdicts_say_evaluation_noise_only(tmp_path):
+    from test_report import write_experiment
+
+    from esreason.report import build_report
+
+    result = build_report(write_experiment(tmp_path / "exp"), figures=False)
+    tested = [f for f in result.findings if f.id not in ("pareto_added", "entropy") and f.verdict != "not tested"]
+    assert tested and all(f.variance == "1 training seed: evaluation noise only" for f in tested)
+    assert all(not f.per_seed and f.probability is None for f in result.findings)
+    assert "evaluation noise only" in result.files["markdown"].read_text()

@@ -159,7 +159,7 @@ def plot_profiles(panels: Mapping[str, Mapping[str, Mapping[int, Cell]]], method
             ax.plot(ks, ys, color=style[m].color, marker=style[m].marker, markersize=4, linewidth=1.4)
             for run in seeds.get(label, {}).get(m, []):
                 sk = sorted(run)
-                ax.plot(sk, [100 * run[k] for k in sk], color=style[m].color, linewidth=0.7, alpha=0.6,
+                ax.plot(sk, [100 * run[k] for k in sk], color=style[m].color, linewidth=0.9, alpha=0.8,
                         linestyle=":")
             if all(pts[k].low is not None and pts[k].high is not None for k in ks):
                 ax.fill_between(ks, [100 * pts[k].low for k in ks], [100 * pts[k].high for k in ks],  # type: ignore
