@@ -239,3 +239,17 @@ def test_one_seed_verdicts_say_evaluation_noise_only(tmp_path):
     assert tested and all(f.variance == "1 training seed: evaluation noise only" for f in tested)
     assert all(not f.per_seed and f.probability is None for f in result.findings)
     assert "evaluation noise only" in result.files["markdown"].read_text()
+
+
+def test_an_experiment_directory_refuses_to_switch_between_one_run_and_seeds(tmp_path):
+    from test_experiments import spec_data
+
+    from esreason.errors import UserError
+    from esreason.experiments.runner import SPEC_FILE, _plain, check_same_spec
+    from esreason.experiments.spec import parse_spec
+
+    seeded = parse_spec(spec_data(seeds=[0, 1]))
+    (tmp_path / SPEC_FILE).write_text(yaml.safe_dump(_plain(seeded.raw)))
+    check_same_spec(tmp_path, parse_spec(spec_data(seeds=[0, 1, 2])))  # adding a seed is fine
+    with pytest.raises(UserError, match="with the key 'seeds'"):
+        check_same_spec(tmp_path, parse_spec(spec_data()))

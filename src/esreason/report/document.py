@@ -105,7 +105,8 @@ def _mdd_md(exp: Experiment, parts: Parts) -> list[str]:
     if not parts.mdd:
         return []
     change = ([] if not parts.changes else [
-        "Pass@1 change vs Base on each task (percentage points, paired 95% bootstrap interval over problems):",
+        "Pass@1 change vs Base on each task (percentage points, paired 95% bootstrap interval over problems"
+        + (", and over training seeds" if exp.n_seeds > 1 else "") + "):",
         "", markdown.simple_markdown(*change_rows(exp, parts)), ""])
     return ["## Resolution: minimum detectable Pass@1 difference", "",
             "The smallest true difference in Pass@1 (percentage points) a two-sided test at alpha 0.05 detects "
