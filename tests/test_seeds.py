@@ -253,3 +253,18 @@ def test_an_experiment_directory_refuses_to_switch_between_one_run_and_seeds(tmp
     check_same_spec(tmp_path, parse_spec(spec_data(seeds=[0, 1, 2])))  # adding a seed is fine
     with pytest.raises(UserError, match="with the key 'seeds'"):
         check_same_spec(tmp_path, parse_spec(spec_data()))
+
+
+def test_rerunning_a_two_seed_experiment_trains_nothing(two_seeds, monkeypatch):
+    from esreason.experiments import runner, sequence
+    from esreason.experiments.spec import load_spec
+
+    out, _ = two_seeds
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("done.json")}
+    assert len(stamps) == 4  # (grpo, es) x (seed 0, seed 1)
+    monkeypatch.setattr(sequence, "train_method", lambda *a, **k: pytest.fail("trained again"))
+    monkeypatch.setattr(runner, "_evaluate", lambda *a, **k: 0.0)
+    spec = load_spec(out.parent / "exp.yaml", ["seeds=[0,1]"])
+    record = runner.run_experiment(spec, out, progress=False, report=False, log=lambda *_: None).record
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("done.json")} == stamps
+    assert sorted(record["methods"]["es"]["seeds"]) == ["0", "1"]
