@@ -10,6 +10,11 @@ every table and figure) and prints a verdict per paper finding
 paired 95 % bootstrap interval excludes 0 in the claimed direction, else "direction agrees,
 not significant", "inconclusive" or "contradicted").
 
+One training seed by default: the verdicts then say "1 training seed: evaluation noise only".
+``--seeds N`` trains every method with seeds 0..N-1 (``runs/<m>/seed<s>/``) and the verdicts
+rest on the two-level bootstrap over seeds and problems (:mod:`esreason.report.hierarchical`),
+each with its per-seed verdicts.
+
 Rerunning with the same ``--output`` resumes (finished methods are not trained again).
 ``--quick`` shrinks every budget to a smoke test (numbers meaningless).
 """
