@@ -146,6 +146,8 @@ def test_a_sweep_with_seeds_plans_one_run_per_value_and_seed_and_averages_reward
         ("8/seed0", 0), ("8/seed1", 1), ("16/seed0", 0), ("16/seed1", 1)]
     assert plan.points[1].run_dir == tmp_path / "runs" / "es.population_size=8" / "seed1"
     assert sweep.make_spec({}, param="es.sigma", values="1e-3", seeds="2,5").seeds == (2, 5)
+    _, section = sweep.load_sweep_config(demo, ["sweep.seeds=[4,6]", "train.max_steps=3"])
+    assert sweep.make_spec({**section, "param": "es.sigma", "values": [1e-3]}).seeds == (4, 6)
     with pytest.raises(UserError, match="--seeds"):
         sweep.make_spec({}, param="es.sigma", values="1e-3", seeds="1,1")
     raws = {"8/seed0": np.array([0.0, 1.0]), "8/seed1": np.array([1.0, 1.0]),

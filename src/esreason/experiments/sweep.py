@@ -282,12 +282,17 @@ def _reference_label(base: Mapping[str, Any], spec: SweepSpec, points: Sequence[
 
 
 def load_sweep_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(ES config mapping with ``--set`` applied, ``sweep:`` section) of a sweep config file."""
+    """(ES config mapping with ``--set`` applied, ``sweep:`` section) of a sweep config file;
+    ``--set sweep.KEY=V`` (e.g. ``sweep.seeds=[0,1,2]``) overrides the section."""
     data = read_yaml(path)
     section = data.pop("sweep", None)
     if section is not None and not isinstance(section, dict):
         raise UserError(f"config key 'sweep': expected a mapping, got {section!r}")
-    return merge(data, parse_overrides(overrides)), dict(section or {})
+    over = parse_overrides(overrides)
+    section_over = over.pop("sweep", None) or {}
+    if not isinstance(section_over, dict):
+        raise UserError("--set sweep: name a key of the sweep section, e.g. --set sweep.seeds=[0,1,2]")
+    return merge(data, over), {**(section or {}), **section_over}
 
 
 # --------------------------------------------------------------------------- training
