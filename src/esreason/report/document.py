@@ -200,7 +200,7 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
     lines += ["## 8. Below base at large K", "",
               "The paper's '15 of 18 comparisons': per trained method, over tasks x large K, how often Pass@K is "
               "below the base model (unrounded values). 'Significant': the 95% paired-bootstrap interval of "
-              "(method - base) over problems lies below 0. 'Tasks below at every K' is the paper's per-task "
+              "(method - base) over problems (and training seeds, with several) lies below 0. 'Tasks below at every K' is the paper's per-task "
               "criterion (below on both Pass@16 and Pass@32).", ""]
     if parts.below is not None:
         lines += [f"Large K: {parts.below.ks}.", "", markdown.simple_markdown(*below_rows(exp, parts.below)), "",
