@@ -39,6 +39,7 @@ crossed (seeds x problems) tables and the pairing by problem that our evaluation
 from __future__ import annotations
 
 import zlib
+from functools import lru_cache
 from typing import Mapping
 
 import numpy as np
@@ -61,8 +62,15 @@ def seed_indices(seed: int, stream: str, n_seeds: int, resamples: int) -> np.nda
 def draw_counts(indices: np.ndarray, size: int) -> np.ndarray:
     """How often each of ``size`` items was drawn in each replicate: [R, size] float64."""
     r = indices.shape[0]
-    out = np.zeros((r, size))
-    np.add.at(out, (np.arange(r)[:, None], indices), 1.0)
+    flat = (indices + size * np.arange(r)[:, None]).ravel()  # replicate-major bins
+    return np.bincount(flat, minlength=r * size).reshape(r, size).astype(np.float64)
+
+
+@lru_cache(maxsize=64)
+def _problem_counts(seed: int, task: str, n: int, resamples: int) -> np.ndarray:
+    """:func:`draw_counts` of :func:`problem_indices` (cached: every metric of a task reuses them)."""
+    out = draw_counts(problem_indices(seed, task, n, resamples), n)
+    out.setflags(write=False)
     return out
 
 
@@ -70,8 +78,14 @@ def grid_means(x: np.ndarray, w: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Replicate means of the table ``x [S, n]`` under seed weights ``w [R, S]`` and problem
     weights ``v [R, n]``; NaN cells (no value) are left out of numerator and denominator."""
     known = ~np.isnan(x)  # [S, n]
-    num = ((w @ np.where(known, x, 0.0)) * v).sum(axis=1)  # [R]
-    den = ((w @ known.astype(np.float64)) * v).sum(axis=1)  # [R]
+    filled = np.where(known, x, 0.0)
+    seed_sum = np.zeros(v.shape)  # [R, n]: sum_s w_s X[s, p] (a loop over the few seeds: no BLAS call)
+    seed_den = np.zeros(v.shape)
+    for s in range(x.shape[0]):
+        seed_sum += w[:, s:s + 1] * filled[s]
+        seed_den += w[:, s:s + 1] * known[s]
+    num = np.einsum("rp,rp->r", seed_sum, v)  # [R]
+    den = np.einsum("rp,rp->r", seed_den, v)  # [R]
     return np.divide(num, den, out=np.full(num.shape, np.nan), where=den > 0)
 
 
@@ -115,7 +129,7 @@ def replicate_differences(per_task_a: Mapping[str, np.ndarray], per_task_b: Mapp
         w_b = w_a if (paired_seeds and s_b == s_a) else _weights(seed, "b", s_b, resamples)
     total = np.zeros(resamples)
     for task, xa in a.items():
-        v = draw_counts(problem_indices(seed, task, xa.shape[1], resamples), xa.shape[1])  # [R, n]
+        v = _problem_counts(seed, task, xa.shape[1], resamples)  # [R, n]
         total += grid_means(xa, w_a, v)
         if b is not None:
             total -= grid_means(b[task], w_b, v)  # type: ignore[arg-type]
@@ -157,7 +171,7 @@ def probability_of_improvement(per_task_a: Mapping[str, np.ndarray], per_task_b:
     w_b = w_a if (paired_seeds and s_a == s_b) else _weights(seed, "b", s_b, resamples)
     total = np.zeros(resamples)
     for task, c in tables.items():
-        v = draw_counts(problem_indices(seed, task, c.shape[2], resamples), c.shape[2])  # [R, n]
+        v = _problem_counts(seed, task, c.shape[2], resamples)  # [R, n]
         known = ~np.isnan(c)
         num = np.einsum("rs,ru,sup,rp->r", w_a, w_b, np.where(known, c, 0.0), v)
         den = np.einsum("rs,ru,sup,rp->r", w_a, w_b, known.astype(np.float64), v)
