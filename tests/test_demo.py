@@ -44,6 +44,24 @@ def test_quick_demo_prints_a_verdict_per_finding(quick_demo):
     words = ("holds", "direction agrees, not significant", "inconclusive", "contradicted", "not tested")
     assert all(line.split(". ", 1)[1].split(":", 1)[0] in words for line in lines), lines
     assert "GRPO" in text and "Pass@" in text
+    # one training seed: the verdicts say what their intervals cover
+    assert "1 training seed: evaluation noise only" in text
+    assert all("(interval covers: " in line for line in lines)
+
+
+def test_demo_seeds_option(tmp_path, capsys):
+    from esreason.demo import _verdict, demo_spec
+    from esreason.report.findings import Finding
+
+    assert demo_spec(quick=True).seeds is None  # one seed: today's layout
+    assert demo_spec(quick=True, seeds=3).seeds == (0, 1, 2)
+    assert main(["demo", "--quick", "--seeds", "0", "--output", str(tmp_path / "o"), "--no-progress"]) == 2
+    assert "--seeds" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    f = Finding("x", "ES beats GRPO", "p", "inconclusive", "ES - GRPO: -1.0 pp", variance="2 training seeds × 8 problems",
+                per_seed=[{"seed": "0", "diff": {"value": -0.01}, "verdict": "inconclusive"},
+                          {"seed": "1", "diff": {"value": 0.02}, "verdict": "holds"}])
+    assert _verdict(f) == ("inconclusive: ES beats GRPO — ES - GRPO: -1.0 pp (interval covers: 2 training seeds × 8 "
+                           "problems; per seed: seed 0: -1.0 pp (inconclusive); seed 1: +2.0 pp (holds))")
 
 
 def test_rerunning_the_demo_resumes_without_training(quick_demo, capsys):

@@ -56,7 +56,7 @@ def _cmd_train_es(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from esreason.demo import run_demo
 
-    return run_demo(output=Path(args.output), quick=args.quick, progress=not args.no_progress)
+    return run_demo(output=Path(args.output), quick=args.quick, progress=not args.no_progress, seeds=args.seeds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the pipeline in miniature on the embedded default (CPU, minutes)")
     p.add_argument("--output", default="runs/demo", help="run directory (default: runs/demo)")
     p.add_argument("--quick", action="store_true", help="a smoke-test sized demo (seconds)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="training seeds 0..N-1: intervals then cover training variance too (default 1: "
+                        "evaluation noise only; N > 1 writes runs/<m>/seed<s>/)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_demo)
 

@@ -10,6 +10,11 @@ every table and figure) and prints a verdict per paper finding
 paired 95 % bootstrap interval excludes 0 in the claimed direction, else "direction agrees,
 not significant", "inconclusive" or "contradicted").
 
+One training seed by default: the verdicts then say "1 training seed: evaluation noise only".
+``--seeds N`` trains every method with seeds 0..N-1 (``runs/<m>/seed<s>/``) and the verdicts
+rest on the two-level bootstrap over seeds and problems (:mod:`esreason.report.hierarchical`),
+each with its per-seed verdicts.
+
 Rerunning with the same ``--output`` resumes (finished methods are not trained again).
 ``--quick`` shrinks every budget to a smoke test (numbers meaningless).
 """
@@ -38,24 +43,35 @@ QUICK_OVERRIDES = (
 )
 
 
-def demo_spec(quick: bool = False, extra: tuple[str, ...] = ()):
+def seed_overrides(seeds: int) -> tuple[str, ...]:
+    """``--seeds N``: no override for N = 1 (the shipped single-seed layout), else ``seeds=[0..N-1]``."""
+    from esreason.errors import UserError
+
+    if seeds < 1:
+        raise UserError(f"--seeds: expected an integer >= 1, got {seeds}")
+    return () if seeds == 1 else (f"seeds=[{','.join(str(s) for s in range(seeds))}]",)
+
+
+def demo_spec(quick: bool = False, extra: tuple[str, ...] = (), seeds: int = 1):
     from esreason.experiments.spec import load_spec
 
-    return load_spec(DEMO_EXPERIMENT, (QUICK_OVERRIDES if quick else ()) + tuple(extra))
+    return load_spec(DEMO_EXPERIMENT, (QUICK_OVERRIDES if quick else ()) + seed_overrides(seeds) + tuple(extra))
 
 
 def _verdict(f: Finding) -> str:
-    """One line per finding: the verdict word of :mod:`esreason.report.verdicts`, the claim, the evidence."""
-    return f"{f.verdict}: {f.claim} — {f.evidence}"
+    """One line per finding: the verdict word of :mod:`esreason.report.verdicts`, the claim, the evidence,
+    what its interval covers, and (several seeds) the verdict on each seed alone."""
+    seeds = f"; per seed: {f.seeds_line}" if f.seeds_line else ""
+    return f"{f.verdict}: {f.claim} — {f.evidence} (interval covers: {f.variance}{seeds})"
 
 
-def run_demo(output: Path, quick: bool = False, progress: bool = True) -> int:
+def run_demo(output: Path, quick: bool = False, progress: bool = True, seeds: int = 1) -> int:
     from esreason.experiments.runner import run_experiment
     from esreason.io.atomic import atomic_write_text
     from esreason.report import build_report
 
     t0 = time.perf_counter()
-    spec = demo_spec(quick)
+    spec = demo_spec(quick, seeds=seeds)
     print(f"esreason demo -> {output}  ({'quick' if quick else 'full'}; CPU)")
     print(f"  {', '.join(m.label for m in spec.methods)} on {spec.task}, {spec.updates} updates each; "
           f"evaluated on {', '.join(spec.eval.tasks)} ({spec.eval.samples} samples per problem, "
@@ -64,13 +80,16 @@ def run_demo(output: Path, quick: bool = False, progress: bool = True) -> int:
     report = build_report(output)
     elapsed = time.perf_counter() - t0
     lines = [_verdict(f) for f in report.findings]
+    covers = (f"{len(spec.seeds)} training seeds: intervals resample seeds and problems" if spec.seeds
+              else "1 training seed: evaluation noise only; `esreason demo --seeds 3` covers training variance")
     verdict_md = output / "verdicts.md"
     atomic_write_text(verdict_md, "# esreason demo: the paper's findings in miniature\n\n"
+                      + f"Intervals: {covers}.\n\n"
                       + "\n".join(f"{i}. {line}" for i, line in enumerate(lines, start=1))
                       + f"\n\nTook {elapsed:.0f} s on this machine{' (quick)' if quick else ''}.\n")
     print()
-    print("Paper findings in miniature (0.87M model; 'holds': the paired 95% bootstrap interval excludes 0 "
-          "in the claimed direction):")
+    print(f"Paper findings in miniature (0.87M model; 'holds': the paired 95% bootstrap interval excludes 0 "
+          f"in the claimed direction; {covers}):")
     for i, line in enumerate(lines, start=1):
         print(f"  {i}. {line}")
     print()

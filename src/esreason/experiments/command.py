@@ -19,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from esreason.experiments.runner import register as register_run
 
     register_run(actions)
-    # sweep: registered below by esreason.experiments.sweep.register(actions)
-    from esreason.experiments.sweep import register as register_sweep
+    # sweep: registered below by esreason.experiments.sweep_command.register(actions)
+    from esreason.experiments.sweep_command import register as register_sweep
 
     register_sweep(actions)
     from esreason.experiments.plan import register as register_plan

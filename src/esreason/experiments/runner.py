@@ -10,6 +10,13 @@ Experiment directory (the contract :mod:`esreason.report` reads)::
     EXP/eval/<m>/                  an ``esreason eval`` directory over all tasks (summary.json, ...)
     EXP/report/                    ``esreason report EXP`` (run at the end unless --no-report)
 
+With ``seeds: [s1, s2, ...]`` each trained method has one run and one evaluation per seed,
+``EXP/runs/<m>/seed<s>/`` and ``EXP/eval/<m>/seed<s>/`` (experiment.json: ``methods.<m>.seeds``
+maps each seed to its eval dir, checkpoint and training stages); Base and checkpoints are
+evaluated once (``EXP/eval/base/``). Seeds run in the listed order, all methods of one seed
+before the next, so an interrupted run already holds complete seeds; adding seeds to a
+finished experiment trains only the new ones.
+
 Resumable at every level: a method with ``done.json`` is not trained again, an interrupted
 training run or sequence resumes from its last checkpoint, and the evaluation harness skips
 every problem already answered. Every method is evaluated with the same protocol and the same
@@ -61,6 +68,9 @@ def check_same_spec(exp: Path, spec: ExperimentSpec) -> None:
         if _plain(stored.get(key)) != current.get(key):
             raise UserError(f"{exp} was created from a different experiment (key '{key}' differs from "
                             f"{stored_path}); use another output directory")
+    if (stored.get("seeds") is None) != (current.get("seeds") is None):
+        raise UserError(f"{exp} was created {'without' if stored.get('seeds') is None else 'with'} the key "
+                        f"'seeds' ({stored_path}); its run layout differs; use another output directory")
 
 
 def fingerprint(method: MethodSpec, spec: ExperimentSpec) -> str:
@@ -79,12 +89,11 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool) -> dict[str, Any]:
-    """Train ``method`` (or find it trained) and return its done.json record."""
+def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool, run: Path) -> dict[str, Any]:
+    """Train ``method`` into ``run`` (or find it trained there) and return its done.json record."""
     from esreason.io.atomic import atomic_write_json
     from esreason.io.hashing import hash_directory_safetensors
 
-    run = exp / "runs" / method.name
     done = run / DONE_FILE
     key = fingerprint(method, spec)
     from esreason.io.verify import read_rebuildable
@@ -200,22 +209,35 @@ def run_experiment(spec: ExperimentSpec, output: str | Path, *, progress: bool =
         length = spec.es.generation.max_new_tokens
         record["flops"] = compare([estimate_config(spec.es, "es", length=length),
                                    estimate_config(spec.grpo, "grpo", length=length)])
-    total = len(spec.methods)
-    for i, m in enumerate(spec.methods, start=1):
-        entry: dict[str, Any] = {"kind": m.kind, "label": m.label, "eval": f"eval/{m.name}", "training": []}
+    entries = {m.name: {"kind": m.kind, "label": m.label, "training": []} for m in spec.methods}
+    if spec.seeds is not None:
+        record["seeds"] = list(spec.seeds)
+    seeds: tuple[int | None, ...] = spec.seeds if spec.seeds is not None else (None,)
+    steps = [(m, None) for m in spec.methods if m.kind not in TRAINED]
+    steps += [(m, s) for s in seeds for m in spec.methods if m.kind in TRAINED]
+    for i, (m, seed) in enumerate(steps, start=1):
+        tag = "" if seed is None else f"seed{seed}"
+        name = f"{m.name}/{tag}" if tag else m.name
+        what = f"[{i}/{len(steps)}] {m.label}{f' (seed {seed})' if tag else ''}"
+        out: dict[str, Any] = {"eval": f"eval/{name}"}
         if m.kind in TRAINED:
-            log(f"[{i}/{total}] {m.label}: training ({spec.updates} updates) -> {exp / 'runs' / m.name}")
-            done = _train(m, spec, exp, progress)
-            entry.update(checkpoint=done["checkpoint"], training=done["training"],
-                         sha256_tensors=done["sha256_tensors"])
+            run = exp / "runs" / name
+            log(f"{what}: training ({spec.updates} updates) -> {run}")
+            done = _train(m, spec if seed is None else spec.with_seed(seed), exp, progress, run)
+            out.update(checkpoint=done["checkpoint"], training=done["training"],
+                       sha256_tensors=done["sha256_tensors"])
             model = str(exp / done["checkpoint"])
-            record["timings"][f"train/{m.name}"] = done.get("train_seconds")
+            record["timings"][f"train/{name}"] = done.get("train_seconds")
         else:
-            entry["checkpoint"] = m.checkpoint
+            out["checkpoint"] = m.checkpoint
             model = str(m.checkpoint)
-        log(f"[{i}/{total}] {m.label}: evaluating on {', '.join(p.tasks)} -> {exp / 'eval' / m.name}")
-        record["timings"][f"eval/{m.name}"] = round(_evaluate(model, spec, exp / "eval" / m.name, progress), 1)
-        record["methods"][m.name] = entry
+        log(f"{what}: evaluating on {', '.join(p.tasks)} -> {exp / 'eval' / name}")
+        record["timings"][f"eval/{name}"] = round(_evaluate(model, spec, exp / "eval" / name, progress), 1)
+        if seed is None:
+            entries[m.name].update(out)
+        else:
+            entries[m.name].setdefault("seeds", {})[str(seed)] = out
+        record["methods"] = {k: e for k, e in entries.items() if "eval" in e or "seeds" in e}  # spec order
         atomic_write_json(exp / EXPERIMENT_FILE, record)
     report_path = None
     if report:

@@ -24,6 +24,13 @@ ES and GRPO run configs, the evaluation suites and the sampling protocol::
       limit: 100                      # first N test problems per task (null: all)
     report:
       pairs: [[demo-add, demo-sub]]   # train -> test pairs for the bar charts
+    seeds: [0, 1, 2]                  # optional: train every trained method once per seed
+
+Without ``seeds`` every trained method is trained once, with the ``train.seed`` of its run
+configs (today's layout: ``runs/<m>/``, ``eval/<m>/``). With ``seeds`` (``--set seeds=[0,1,2]``)
+every trained method is trained once per seed (its ES and GRPO configs' ``train.seed`` set to
+that seed) into ``runs/<m>/seed<s>/`` and evaluated into ``eval/<m>/seed<s>/`` on the same
+problems with the same sampling seed; Base and checkpoints are evaluated once.
 
 The ES/GRPO configs' ``model``, ``task`` and ``train.max_steps`` are replaced by the
 experiment's ``model``, ``task`` and ``updates``, so every method shares them. Every part is
@@ -45,7 +52,8 @@ from esreason.config import ConfigError, build, config_mapping, merge, parse_ove
 METHODS = ("base", "grpo", "es", "es_grpo", "grpo_es")
 LABELS = {"base": "Base", "grpo": "GRPO", "es": "ES", "es_grpo": "ES→GRPO", "grpo_es": "GRPO→ES"}
 TRAINED = {"grpo": ("grpo",), "es": ("es",), "es_grpo": ("es", "grpo"), "grpo_es": ("grpo", "es")}
-TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir")
+TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir",
+            "seeds")
 EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
              "limit", "batch_size", "seed", "ci_resamples", "backend", "engines")
 EVAL_BACKENDS = ("hf", "vllm")
@@ -118,9 +126,35 @@ class ExperimentSpec:
     data_dir: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
     """The resolved mapping (stage configs inlined): what a resumed experiment must match."""
+    seeds: tuple[int, ...] | None = None
+    """Training seeds (key ``seeds``): every trained method once per seed, in ``seed<s>/``
+    subdirectories. None: one training run per method with its configs' own ``train.seed``."""
 
     def method(self, name: str) -> MethodSpec:
         return next(m for m in self.methods if m.name == name)
+
+    def with_seed(self, seed: int) -> "ExperimentSpec":
+        """This spec with ``train.seed = seed`` in its ES and GRPO run configs (one training seed)."""
+        from dataclasses import replace
+
+        def _seeded(cfg: Any) -> Any:
+            return None if cfg is None else replace(cfg, train=replace(cfg.train, seed=seed))
+
+        return replace(self, es=_seeded(self.es), grpo=_seeded(self.grpo))
+
+
+def parse_seeds(value: Any, key: str = "seeds") -> tuple[int, ...] | None:
+    """A ``seeds`` key: a non-empty list of distinct integers >= 0 (None when absent)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if (not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
+        raise ConfigError(f"config key '{key}': expected a non-empty list of integers >= 0, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"config key '{key}': a seed is listed twice: {list(value)}")
+    return tuple(int(v) for v in value)
 
 
 def _tasks(values: Any, key: str) -> tuple[str, ...]:
@@ -299,11 +333,12 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
             raise ConfigError(f"config key 'report.pairs': each pair is [train_task, test_task] from the "
                               f"evaluated tasks {list(proto.tasks)}; got {p!r}")
         pairs.append((str(p[0]), str(p[1])))
+    seeds = parse_seeds(data.get("seeds"))
     resolved = dict(data)
     resolved["configs"] = raw_cfgs
     return ExperimentSpec(name=name, model=model, task=task, updates=int(updates or 0), methods=tuple(specs),
                           es=stage_cfgs.get("es"), grpo=stage_cfgs.get("grpo"), eval=proto, pairs=tuple(pairs),
-                          data_dir=data.get("data_dir"), raw=resolved)
+                          data_dir=data.get("data_dir"), raw=resolved, seeds=seeds)
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec:

@@ -24,7 +24,6 @@ A sweep config is a normal ES config plus an optional ``sweep:`` section
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
@@ -44,7 +43,7 @@ from esreason.experiments.smoothing import (PAPER_BETA, PAPER_CHECKPOINTS, PAPER
 from esreason.experiments.sweep_report import (Trajectory, heldout_markdown, heldout_rows,
                                                plot_trajectories, table_latex, table_markdown)
 
-SWEEP_KEYS = ("param", "values", "reference", "checkpoints", "heldout_suite", "tolerance", "band_window")
+SWEEP_KEYS = ("param", "values", "reference", "checkpoints", "heldout_suite", "tolerance", "band_window", "seeds")
 DEFAULT_BAND_WINDOW = 21
 """Residual-band window (updates, centred); the paper does not state its window."""
 DONE_FILE = "sweep_complete.json"
@@ -72,6 +71,10 @@ class SweepSpec:
     heldout_suite: str | None = None
     tolerance: float = PAPER_TOLERANCE
     band_window: int = DEFAULT_BAND_WINDOW
+    seeds: tuple[int, ...] | None = None
+    """Training seeds (``sweep.seeds`` / ``--seeds``): every value trained once per seed into
+    ``runs/<param>=<value>/seed<s>/``; the table uses the mean reward over seeds. None: one run
+    per value with the config's ``train.seed``."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ class SweepPoint:
     value: Any
     cfg: RunConfig
     run_dir: Path
+    seed: int | None = None
+    """The training seed of this run (sweeps with ``seeds``), else None."""
+
+    @property
+    def key(self) -> str:
+        """The run's name in logs and ``sweep.json``: the value's label, plus ``/seed<s>``."""
+        return self.label if self.seed is None else f"{self.label}/seed{self.seed}"
 
 
 @dataclass(frozen=True)
@@ -129,7 +139,7 @@ def parse_checkpoints(raw: Any, where: str) -> tuple[int, ...]:
 
 def make_spec(section: Mapping[str, Any] | None, *, param: str | None = None, values: str | None = None,
               reference: str | None = None, checkpoints: str | None = None, heldout_suite: str | None = None,
-              tolerance: float | None = None, band_window: int | None = None) -> SweepSpec:
+              tolerance: float | None = None, band_window: int | None = None, seeds: str | None = None) -> SweepSpec:
     """Merge the config's ``sweep:`` section with command-line flags (flags win)."""
     section = dict(section or {})
     unknown = sorted(set(section) - set(SWEEP_KEYS))
@@ -161,7 +171,11 @@ def make_spec(section: Mapping[str, Any] | None, *, param: str | None = None, va
     win = band_window if band_window is not None else section.get("band_window", DEFAULT_BAND_WINDOW)
     if isinstance(win, bool) or not isinstance(win, int) or win < 1:
         raise UserError(f"sweep.band_window: expected an integer >= 1, got {win!r}")
-    return SweepSpec(name.strip(), vals, ref, cps, suite, float(tol), win)
+    from esreason.experiments.spec import parse_seeds
+
+    seed_list = parse_seeds(parse_values(seeds) if seeds is not None else section.get("seeds"),
+                            "--seeds" if seeds is not None else "sweep.seeds")
+    return SweepSpec(name.strip(), vals, ref, cps, suite, float(tol), win, seed_list)
 
 
 # --------------------------------------------------------------------------- planning
@@ -234,7 +248,12 @@ def plan_sweep(base: Mapping[str, Any], spec: SweepSpec, output: str | Path) -> 
         label = format_value(lookup(cfg, spec.param))
         if any(p.label == label for p in points):
             raise UserError(f"sweep value {spec.param}={format_value(raw)} is given twice (as {label})")
-        points.append(SweepPoint(label, lookup(cfg, spec.param), cfg, out / "runs" / _dirname(spec.param, label)))
+        run_dir = out / "runs" / _dirname(spec.param, label)
+        if spec.seeds is None:
+            points.append(SweepPoint(label, lookup(cfg, spec.param), cfg, run_dir))
+        for seed in spec.seeds or ():
+            seeded = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
+            points.append(SweepPoint(label, lookup(cfg, spec.param), seeded, run_dir / f"seed{seed}", seed))
     reference = _reference_label(base, spec, points)
     tasks: tuple[str, ...] = ()
     if spec.heldout_suite is not None:
@@ -263,12 +282,17 @@ def _reference_label(base: Mapping[str, Any], spec: SweepSpec, points: Sequence[
 
 
 def load_sweep_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(ES config mapping with ``--set`` applied, ``sweep:`` section) of a sweep config file."""
+    """(ES config mapping with ``--set`` applied, ``sweep:`` section) of a sweep config file;
+    ``--set sweep.KEY=V`` (e.g. ``sweep.seeds=[0,1,2]``) overrides the section."""
     data = read_yaml(path)
     section = data.pop("sweep", None)
     if section is not None and not isinstance(section, dict):
         raise UserError(f"config key 'sweep': expected a mapping, got {section!r}")
-    return merge(data, parse_overrides(overrides)), dict(section or {})
+    over = parse_overrides(overrides)
+    section_over = over.pop("sweep", None) or {}
+    if not isinstance(section_over, dict):
+        raise UserError("--set sweep: name a key of the sweep section, e.g. --set sweep.seeds=[0,1,2]")
+    return merge(data, over), {**(section or {}), **section_over}
 
 
 # --------------------------------------------------------------------------- training
@@ -330,6 +354,25 @@ def trajectory(raw: np.ndarray, window: int) -> Trajectory:
     return Trajectory(raw, smoothed, residual_band(raw, smoothed, window))
 
 
+def seed_mean_trajectories(plan: SweepPlan, raws: Mapping[str, np.ndarray]
+                           ) -> tuple[dict[str, Trajectory], dict[str, list[Trajectory]]]:
+    """Per value: the trajectory of the per-update mean reward over its seeds (the run itself
+    without seeds), and each seed's own trajectory (empty without seeds). Seeds of one value
+    must have run the same number of updates."""
+    by_label: dict[str, list[SweepPoint]] = {}
+    for p in plan.points:
+        by_label.setdefault(p.label, []).append(p)
+    trajs, per_seed = {}, {}
+    for label, points in by_label.items():
+        runs = [raws[p.key] for p in points]
+        if len({len(r) for r in runs}) > 1:
+            raise UserError(f"sweep value {plan.spec.param}={label}: its seeds ran different numbers of updates "
+                            f"({', '.join(f'{p.key}: {len(raws[p.key])}' for p in points)})")
+        trajs[label] = trajectory(np.mean(np.stack(runs), axis=0), plan.spec.band_window)
+        per_seed[label] = [trajectory(r, plan.spec.band_window) for r in runs] if plan.spec.seeds else []
+    return trajs, per_seed
+
+
 def evaluate_endpoint(point: SweepPoint, suite: str, tasks: Sequence[str], progress: bool) -> Any:
     """Evaluate the run's last checkpoint on ``tasks`` into ``RUN/eval/<suite>`` (resumable).
 
@@ -375,23 +418,23 @@ def run_sweep(plan: SweepPlan, *, progress: bool = True, log: Any = print) -> Sw
     seconds: dict[str, float] = {}
     for i, point in enumerate(plan.points, start=1):
         t0 = time.perf_counter()
-        log(f"[{i}/{len(plan.points)}] {spec.param}={point.label} -> {point.run_dir}")
-        status[point.label] = train_point(point, progress)
-        seconds[point.label] = time.perf_counter() - t0
-        log(f"    {status[point.label]} ({seconds[point.label]:.0f} s)")
-    trajs: dict[str, Trajectory] = {}
+        log(f"[{i}/{len(plan.points)}] {spec.param}={point.key} -> {point.run_dir}")
+        status[point.key] = train_point(point, progress)
+        seconds[point.key] = time.perf_counter() - t0
+        log(f"    {status[point.key]} ({seconds[point.key]:.0f} s)")
+    raws: dict[str, np.ndarray] = {}
     train_s: dict[str, float] = {}
     for point in plan.points:
-        raw, train_s[point.label] = load_rewards(point.run_dir)
-        trajs[point.label] = trajectory(raw, spec.band_window)
+        raws[point.key], train_s[point.key] = load_rewards(point.run_dir)
+    trajs, seed_trajs = seed_mean_trajectories(plan, raws)
     table = checkpoint_table({k: t.smoothed for k, t in trajs.items()}, spec.checkpoints, plan.reference,
                              spec.tolerance)
     heldout: list[tuple[str, str, dict[str, dict[str, Any]]]] = []
     if spec.heldout_suite is not None:
         summaries = {}
         for point in plan.points:
-            log(f"held-out {spec.heldout_suite}: {spec.param}={point.label}")
-            summaries[point.label] = evaluate_endpoint(point, spec.heldout_suite, plan.heldout_tasks, progress)
+            log(f"held-out {spec.heldout_suite}: {spec.param}={point.key}")
+            summaries[point.key] = evaluate_endpoint(point, spec.heldout_suite, plan.heldout_tasks, progress)
         heldout = heldout_rows(summaries)
 
     files = {"table_md": out / "table.md", "table_tex": out / "table.tex", "plot": out / "trajectories.png",
@@ -399,9 +442,14 @@ def run_sweep(plan: SweepPlan, *, progress: bool = True, log: Any = print) -> Sw
     md = table_markdown(table, spec.param)
     atomic_write_text(files["table_md"], md)
     atomic_write_text(files["table_tex"], table_latex(table, spec.param))
-    plot_trajectories(trajs, plan.reference, spec.param, spec.checkpoints, spec.band_window, files["plot"])
-    report = [f"# Sweep over {spec.param}\n", f"values: {', '.join(p.label for p in plan.points)}; "
-              f"reference: {plan.reference}\n", "## Checkpoint table\n", md, "![trajectories](trajectories.png)\n"]
+    plot_trajectories(trajs, plan.reference, spec.param, spec.checkpoints, spec.band_window, files["plot"],
+                      {k: [t.smoothed for t in v] for k, v in seed_trajs.items()})
+    seeds_line = "" if spec.seeds is None else (
+        f"training seeds: {', '.join(map(str, spec.seeds))} (table and thick lines: the mean reward over seeds; "
+        f"thin lines: each seed)\n")
+    report = [f"# Sweep over {spec.param}\n", f"values: {', '.join(trajs)}; "
+              f"reference: {plan.reference}\n", seeds_line, "## Checkpoint table\n", md,
+              "![trajectories](trajectories.png)\n"]
     if heldout:
         files["heldout_md"] = out / "heldout.md"
         hmd = heldout_markdown(heldout, plan.reference)
@@ -409,13 +457,15 @@ def run_sweep(plan: SweepPlan, *, progress: bool = True, log: Any = print) -> Sw
         report += [f"## Held-out endpoints ({spec.heldout_suite})\n", hmd]
     atomic_write_text(files["report"], "\n".join(report))
     atomic_write_json(files["json"], {
-        "param": spec.param, "values": [p.label for p in plan.points], "reference": plan.reference,
+        "param": spec.param, "values": list(trajs), "reference": plan.reference,
+        "seeds": None if spec.seeds is None else list(spec.seeds),
         "checkpoints": list(spec.checkpoints), "tolerance": spec.tolerance, "beta": PAPER_BETA,
         "band_window": spec.band_window, "heldout_suite": spec.heldout_suite, "base_config": plan.base,
-        "runs": {p.label: {"run_dir": str(p.run_dir), "status": status[p.label],
-                           "wall_seconds_this_call": round(seconds[p.label], 2),
-                           "train_seconds": round(train_s[p.label], 2), "updates": len(trajs[p.label].raw),
-                           "final_smoothed": float(trajs[p.label].smoothed[-1]) if len(trajs[p.label].raw) else None}
+        "runs": {p.key: {"run_dir": str(p.run_dir), "status": status[p.key], "seed": p.seed,
+                         "wall_seconds_this_call": round(seconds[p.key], 2),
+                         "train_seconds": round(train_s[p.key], 2), "updates": len(raws[p.key]),
+                         "final_smoothed": float(trajectory(raws[p.key], spec.band_window).smoothed[-1])
+                         if len(raws[p.key]) else None}
                  for p in plan.points},
         "table": table.as_dict(),
         "trajectories": {k: {"raw": t.raw.tolist(), "smoothed": t.smoothed.tolist(), "band": t.band.tolist()}
@@ -423,47 +473,3 @@ def run_sweep(plan: SweepPlan, *, progress: bool = True, log: Any = print) -> Sw
         "heldout": [{"task": t, "metric": m, "values": v} for t, m, v in heldout],
     })
     return SweepResult(out, status, table, trajs, heldout, files)
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def register(actions: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``sweep`` to the ``esreason experiment`` action group."""
-    p = actions.add_parser(
-        "sweep", help="one ES config key over several values: runs, smoothed-reward table and plot",
-        description="Train one ES run per value of --param (resumable), then report the paper's debiased "
-                    "smoothed mean reward: checkpoint table (markdown, LaTeX, JSON), trajectory plot and, "
-                    "with --heldout-suite, held-out endpoint evaluation. See docs/sweeps.md.")
-    p.add_argument("--config", required=True, help="ES config YAML, optionally with a 'sweep:' section")
-    p.add_argument("--param", help="dotted config key to sweep, e.g. es.population_size (default: sweep.param)")
-    p.add_argument("--values", help="comma-separated values, e.g. 8,16,32,64 (default: sweep.values)")
-    p.add_argument("--output", help="sweep directory (default: runs/sweeps/<config name>)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a base config key (repeatable)")
-    p.add_argument("--checkpoints", help="updates of the table, e.g. 100,200,300 (the paper's default)")
-    p.add_argument("--reference", help="reference value (default: sweep.reference, else the last value)")
-    p.add_argument("--heldout-suite", help="evaluate every endpoint on this suite (e.g. demo-heldout)")
-    p.add_argument("--tolerance", type=float, help="'within' threshold (default 0.01, the paper's)")
-    p.add_argument("--band-window", type=int, help=f"residual-band window in updates (default {DEFAULT_BAND_WINDOW})")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=run_command)
-    return p
-
-
-def run_command(args: argparse.Namespace) -> int:
-    """Plan (validate everything), train, report; prints the checkpoint table."""
-    sets = list(args.set or [])
-    base, section = load_sweep_config(args.config, sets)
-    spec = make_spec(section, param=args.param, values=args.values, reference=args.reference,
-                     checkpoints=args.checkpoints, heldout_suite=args.heldout_suite, tolerance=args.tolerance,
-                     band_window=args.band_window)
-    for item in sets:
-        if item.split("=", 1)[0].strip() == spec.param:
-            raise UserError(f"--set {item}: {spec.param} is the swept key; use --values")
-    output = Path(args.output) if args.output else Path("runs") / "sweeps" / Path(args.config).stem
-    plan = plan_sweep(base, spec, output)
-    result = run_sweep(plan, progress=not args.no_progress)
-    print()
-    print(result.files["table_md"].read_text())
-    print(f"sweep directory: {output} (report.md, table.md/.tex, sweep.json, trajectories.png)")
-    return 0

@@ -105,8 +105,9 @@ def heldout_markdown(rows: Sequence[tuple[str, str, dict[str, dict[str, Any]]]],
 
 
 def plot_trajectories(trajs: Mapping[str, Trajectory], reference: str, param: str, checkpoints: Sequence[int],
-                      window: int, path: Path) -> Path:
-    """Smoothed reward vs update, one line per value, shaded s_t +- local std of x_t - s_t."""
+                      window: int, path: Path, seeds: Mapping[str, Sequence[np.ndarray]] | None = None) -> Path:
+    """Smoothed reward vs update, one line per value, shaded s_t +- local std of x_t - s_t;
+    ``seeds[value]``: each training seed's smoothed reward (thin lines of the value's colour)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,13 +122,16 @@ def plot_trajectories(trajs: Mapping[str, Trajectory], reference: str, param: st
         (line,) = ax.plot(x, tr.smoothed, styles[i % len(styles)], lw=2.2 if label == reference else 1.6,
                           label=f"{param}={name}")
         ax.fill_between(x, tr.smoothed - tr.band, tr.smoothed + tr.band, color=line.get_color(), alpha=0.18, lw=0)
+        for run in (seeds or {}).get(label, []):
+            ax.plot(np.arange(1, len(run) + 1), run, color=line.get_color(), lw=0.6, alpha=0.6)
     for u in checkpoints:
         if u <= longest:
             ax.axvline(u, color="0.6", lw=0.8, ls=":")
     ax.set_xlabel("update")
     ax.set_ylabel("smoothed mean reward")
     ax.set_title(f"{param}: debiased EMA (weight {PAPER_BETA}); band ±1 local std of raw − smoothed "
-                 f"(window {window})", fontsize=9)
+                 f"(window {window})" + ("; thin: one training seed" if any((seeds or {}).values()) else ""),
+                 fontsize=9)
     ax.set_xlim(1, max(longest, 2))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

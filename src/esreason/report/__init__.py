@@ -10,7 +10,9 @@ Python API::
     result.finding("es_beats_grpo_pass32").holds
 
 Modules: ``load`` (experiment.json + summaries -> :class:`Experiment`), ``stats`` (averages and
-paired bootstrap intervals), ``tables`` (Pass@K/Maj@K tables with marks, held-out change,
+paired bootstrap intervals), ``hierarchical`` (the two-level bootstrap over training seeds and
+problems, probability of improvement), ``seeds`` (a method trained with several seeds as one
+row; per-seed views), ``tables`` (Pass@K/Maj@K tables with marks, held-out change,
 below-base count), ``pareto`` (dominance, fronts), ``curves`` (training curves), ``findings``
 (the paper's claims checked), ``compute`` (all of it), ``latex`` / ``markdown`` / ``document``
 (rendering), ``plots`` / ``figures`` (PNGs), ``build`` (:func:`build_report`), ``command`` (CLI).

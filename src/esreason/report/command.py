@@ -24,7 +24,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     result = build_report(args.experiment, args.out, pareto_k=args.pareto_k, large_ks=_large_ks(args.large_k),
                           figures=not args.no_figures)
     for f in result.findings:
-        print(f"[{f.verdict}] {f.claim}: {f.evidence}")
+        print(f"[{f.verdict}] {f.claim}: {f.evidence} (interval covers: {f.variance})")
     if result.notes:
         print(f"{len(result.notes)} note(s) in the report (missing methods, tasks or files)")
     print(f"report: {result.files['markdown']}")

@@ -55,8 +55,21 @@ def _protocol_lines(exp: Experiment) -> list[str]:
             "- methods: " + ", ".join(f"{m.label} (`{m.key}`, {m.kind}"
                                        + (f", {m.checkpoint}" if m.checkpoint else "") + ")"
                                        for m in exp.methods.values()),
-            f"- intervals: {int(level * 100)}% percentile bootstrap over problems ({resamples} resamples), "
-            f"resampled within each task; differences vs base are paired by problem"]
+            _intervals_line(exp, level, resamples)]
+
+
+def _intervals_line(exp: Experiment, level: float, resamples: int) -> str:
+    if exp.n_seeds <= 1:
+        return (f"- intervals: {int(level * 100)}% percentile bootstrap over problems ({resamples} resamples), "
+                f"resampled within each task; differences vs base are paired by problem. One training seed: "
+                f"the intervals cover evaluation noise only, not the variance between training runs")
+    seeds = {m.label: ", ".join(m.seeds) for m in exp.methods.values() if m.seeds}
+    return (f"- training seeds: {'; '.join(f'{k}: {v}' for k, v in seeds.items())} (methods evaluated once: "
+            f"{', '.join(m.label for m in exp.methods.values() if not m.seeds) or 'none'}); a method's value is "
+            f"the mean over its seeds\n- intervals: {int(level * 100)}% two-level percentile bootstrap "
+            f"({resamples} resamples) that resamples training seeds and, within each task, problems "
+            f"(Agarwal et al. 2021; esreason.report.hierarchical); differences are paired by problem, and by "
+            f"seed between methods trained with the same seeds")
 
 
 def mdd_rows(exp: Experiment, parts: Parts) -> tuple[list[str], list[list[str]]]:
@@ -92,7 +105,8 @@ def _mdd_md(exp: Experiment, parts: Parts) -> list[str]:
     if not parts.mdd:
         return []
     change = ([] if not parts.changes else [
-        "Pass@1 change vs Base on each task (percentage points, paired 95% bootstrap interval over problems):",
+        "Pass@1 change vs Base on each task (percentage points, paired 95% bootstrap interval over problems"
+        + (", and over training seeds" if exp.n_seeds > 1 else "") + "):",
         "", markdown.simple_markdown(*change_rows(exp, parts)), ""])
     return ["## Resolution: minimum detectable Pass@1 difference", "",
             "The smallest true difference in Pass@1 (percentage points) a two-sided test at alpha 0.05 detects "
@@ -106,10 +120,18 @@ def _mdd_md(exp: Experiment, parts: Parts) -> list[str]:
 
 
 def _findings_md(findings: Sequence[Finding]) -> list[str]:
+    seeded = any(f.per_seed for f in findings)
+    header = ["Paper claim", "Here", "Evidence", "Interval covers"]
+    header += ["Per seed", "P(improvement) [95% CI]"] if seeded else []
     rows = []
     for f in findings:
-        rows.append([f.claim, f.verdict, f.evidence, f.paper])
-    return [markdown.simple_markdown(["Paper claim", "Here", "Evidence", "Paper"], rows)]
+        row = [f.claim, f.verdict, f.evidence, f.variance]
+        if seeded:
+            p = f.probability
+            row += [f.seeds_line or "–", "–" if not p or p["value"] is None else f"{p['value']:.3f}" + (
+                "" if p["ci_low"] is None else f" [{p['ci_low']:.3f}, {p['ci_high']:.3f}]")]
+        rows.append(row + [f.paper])
+    return [markdown.simple_markdown(header + ["Paper"], rows)]
 
 
 def _table_section(table: Table | None, number: str, heading: str, explain: str, tex: str) -> list[str]:
@@ -134,7 +156,12 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
         "", "'holds': the 95% paired-bootstrap interval of the difference excludes 0 in the claimed "
             "direction; 'contradicted': it excludes 0 the other way; otherwise 'direction agrees, not "
             "significant' (point estimate in the claimed direction) or 'inconclusive'. Claims without an "
-            "interval at best agree (esreason.report.verdicts).", ""]
+            "interval at best agree (esreason.report.verdicts). 'Interval covers': the variance the interval "
+            "resamples — several training seeds and problems (two-level bootstrap), or one training seed "
+            "(evaluation noise only: another training seed may change the verdict). 'Per seed': the "
+            "difference and verdict on each training seed alone (problem-only intervals). 'P(improvement)': "
+            "the probability that the first method of the claim scores higher than the second on a random "
+            "problem and training seeds, ties counting 1/2 (0.5: no difference).", ""]
     lines += _mdd_md(exp, parts)
     lines += _table_section(parts.pass_table, "1", "Pass@K",
                             "Paper Tables tab:rq1-instruct-final and tab:rq1-deepseek-math.", tex.get("pass_at_k", ""))
@@ -173,7 +200,7 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
     lines += ["## 8. Below base at large K", "",
               "The paper's '15 of 18 comparisons': per trained method, over tasks x large K, how often Pass@K is "
               "below the base model (unrounded values). 'Significant': the 95% paired-bootstrap interval of "
-              "(method - base) over problems lies below 0. 'Tasks below at every K' is the paper's per-task "
+              "(method - base) over problems (and training seeds, with several) lies below 0. 'Tasks below at every K' is the paper's per-task "
               "criterion (below on both Pass@16 and Pass@32).", ""]
     if parts.below is not None:
         lines += [f"Large K: {parts.below.ks}.", "", markdown.simple_markdown(*below_rows(exp, parts.below)), "",

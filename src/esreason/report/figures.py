@@ -7,6 +7,7 @@ from pathlib import Path
 from esreason.report import plots
 from esreason.report.compute import Parts
 from esreason.report.load import REFERENCE_ROLES, Cell, Experiment, evaluated
+from esreason.report.seeds import seed_value
 from esreason.report.stats import average
 from esreason.report.tables import AVERAGE_GROUP, table_tasks
 
@@ -34,9 +35,14 @@ def draw_figures(exp: Experiment, parts: Parts, out: Path) -> tuple[dict[str, Pa
         notes.append("no train->test pairs in experiment.json; no bar chart")
 
     profiles: dict[str, dict[str, dict[int, Cell]]] = {}
+    per_seed: dict[str, dict[str, list[dict[int, float]]]] = {}
     for key in tasks + [AVERAGE_GROUP]:
         label = "Average (all tasks)" if key == AVERAGE_GROUP else key
         profiles[label] = {}
+        group = tasks if key == AVERAGE_GROUP else [key]
+        per_seed[label] = {m: [{k: v for k in exp.eval_ks(m)
+                                if (v := seed_value(exp, m, s, group, f"pass@{k}")) is not None}
+                               for s in exp.seed_keys(m)] for m in methods if exp.seed_keys(m)}
         for m in methods:
             pts = {}
             for k in exp.eval_ks(m):
@@ -47,7 +53,7 @@ def draw_figures(exp: Experiment, parts: Parts, out: Path) -> tuple[dict[str, Pa
                 profiles[label][m] = pts
     if methods and tasks:
         files["profiles"] = plots.plot_profiles(profiles, methods, style, out / names["profiles"],
-                                                f"Pass@K over K: {title}")
+                                                f"Pass@K over K: {title}", per_seed)
     if parts.panels:
         files["pareto"] = plots.plot_pareto(parts.panels, style, out / names["pareto"],
                                             f"Pass@1 vs Pass@{parts.panels[0].k} Pareto fronts: {title}")

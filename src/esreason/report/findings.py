@@ -9,6 +9,13 @@ direction; otherwise "direction agrees, not significant", "inconclusive", or
 number is missing. Claims without an interval (the Pareto front, the entropy curves) at
 best "agree". Averages are over all tasks of the Pass@K table, as in the paper's Average
 column.
+
+Every finding says what variance its interval covers (``variance``: "3 training seeds × 256
+problems per task" when the experiment has several training seeds and the intervals come from
+the two-level bootstrap of :mod:`esreason.report.hierarchical`; "1 training seed: evaluation
+noise only" otherwise). With several seeds a claim about two methods also carries its value
+and verdict on each seed alone (``per_seed``) and the probability of improvement
+``P(A > B)`` on a random problem and seeds (``probability``).
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from typing import Any, Sequence
 from esreason.report.curves import Curves
 from esreason.report.load import Experiment, evaluated
 from esreason.report.pareto import ParetoPanel
-from esreason.report.stats import paired_difference
+from esreason.report.seeds import per_seed_differences, variance_source
+from esreason.report.stats import improvement_probability, paired_difference
 from esreason.report.tables import AVERAGE_GROUP, BelowBase, Table, table_tasks
 from esreason.report.verdicts import CONTRADICTED, HOLDS, NOT_TESTED, combine, interval_verdict, point_verdict
 
@@ -34,6 +42,13 @@ class Finding:
     verdict: str
     evidence: str
     values: dict[str, Any] = field(default_factory=dict)
+    variance: str = "no interval"
+    """What the interval behind the verdict covers ("3 training seeds × 256 problems per task",
+    "1 training seed: evaluation noise only", or "no interval")."""
+    per_seed: list[dict[str, Any]] = field(default_factory=list)
+    """Per training seed: ``{"seed", "diff" (Cell dict), "verdict"}`` (several seeds only)."""
+    probability: dict[str, Any] | None = None
+    """``P(A > B)`` on a random problem and seeds with its interval (Cell dict), or None."""
 
     @property
     def holds(self) -> bool | None:
@@ -42,7 +57,14 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "claim": self.claim, "paper": self.paper, "verdict": self.verdict,
-                "holds": self.holds, "evidence": self.evidence, "values": self.values}
+                "holds": self.holds, "evidence": self.evidence, "values": self.values, "variance": self.variance,
+                "per_seed": self.per_seed, "probability": self.probability}
+
+    @property
+    def seeds_line(self) -> str:
+        """The per-seed values and verdicts in one line ("" without seeds)."""
+        return "; ".join(f"seed {p['seed']}: {_pp(p['diff']['value'])} ({p['verdict']})"
+                         for p in self.per_seed if p["diff"] and p["diff"]["value"] is not None)
 
 
 def _pp(x: float) -> str:
@@ -58,9 +80,14 @@ def _greater(exp: Experiment, a: str | None, b: str | None, tasks: Sequence[str]
     if d is None:
         return Finding(fid, claim, paper, NOT_TESTED, f"{metric} missing for {exp.label(a)} or {exp.label(b)}")
     ci = " (no interval)" if d.low is None or d.high is None else f" [95% CI {_pp(d.low)}, {_pp(d.high)}]"
+    seeds = [{"seed": s, "diff": None, "verdict": NOT_TESTED} if c is None else
+             {"seed": s, "diff": c.as_dict(), "verdict": interval_verdict(c.value, c.low, c.high)}
+             for s, c in per_seed_differences(exp, a, b, tasks, metric)]
+    prob = improvement_probability(exp, a, b, tasks, metric) if exp.n_seeds > 1 else None
     return Finding(fid, claim, paper, interval_verdict(d.value, d.low, d.high),
                    f"{exp.label(a)} - {exp.label(b)} average {metric}: {_pp(d.value)}{ci}",  # type: ignore[arg-type]
-                   {"diff": d.as_dict()})
+                   {"diff": d.as_dict()}, variance=variance_source(exp, [a, b], tasks, metric),
+                   per_seed=seeds, probability=None if prob is None else prob.as_dict())
 
 
 def average_findings(exp: Experiment, ks: Sequence[int]) -> list[Finding]:
@@ -109,7 +136,8 @@ def below_base_finding(exp: Experiment, below: BelowBase | None) -> Finding:
     else:
         verdict = point_verdict(n > total / 2)
     return Finding("grpo_below_base", claim, paper, verdict,
-                   f"{n} of {total} tasks below base at K in {below.ks} ({sig_below} significantly, "
+                   variance=variance_source(exp, [grpo, exp.by_role("base")], list(per_task)),
+                   evidence=f"{n} of {total} tasks below base at K in {below.ks} ({sig_below} significantly, "
                    f"{sig_above} significantly above); {row['below']} of {row['comparisons']} "
                    f"(task, K) comparisons below, {row['significant']} significant",
                    values=dict(row, tasks_significantly_below_all_k=sig_below,
@@ -131,8 +159,10 @@ def heldout_change_finding(exp: Experiment, change: Table | None, k: int) -> Fin
     def _ci(c: Any) -> str:
         return " (no interval)" if c.low is None or c.high is None else f" [{_pp(c.low)}, {_pp(c.high)}]"
 
+    held = [t for t in exp.held_out if t not in exp.in_domain]
     return Finding("heldout_change", claim, paper, combine(parts),
-                   f"ES {_pp(ce.value)}{_ci(ce)} ({parts[0]}), GRPO {_pp(cg.value)}{_ci(cg)} ({parts[1]})",
+                   variance=variance_source(exp, [es, grpo, exp.by_role("base")], held),
+                   evidence=f"ES {_pp(ce.value)}{_ci(ce)} ({parts[0]}), GRPO {_pp(cg.value)}{_ci(cg)} ({parts[1]})",
                    values={"es": ce.as_dict(), "grpo": cg.as_dict(), "parts": parts})
 
 

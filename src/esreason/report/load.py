@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from esreason.errors import UserError
 from esreason.report.cells import Cell  # noqa: F401  (re-exported: the report modules import it from here)
+from esreason.report.seeds import SeedRun, mean_rows, pooled_summary
 from esreason.report.stats import average as _average
 
 EXPERIMENT_FILE = "experiment.json"
@@ -64,6 +65,10 @@ class Method:
     eval_dir: Path | None
     training: list[Stage]
     summary: dict[str, Any] | None = None
+    seeds: dict[str, SeedRun] = field(default_factory=dict)
+    """Training seeds of a method trained with several (``experiment.json`` ``seeds``); then
+    ``summary`` pools them (:func:`esreason.report.seeds.pooled_summary`) and ``training`` is the
+    first seed's."""
 
 
 @dataclass
@@ -81,6 +86,8 @@ class Experiment:
     methods: dict[str, Method]
     notes: list[str] = field(default_factory=list)
     _problems: dict[tuple[str, str], dict[str, dict[str, Any]] | None] = field(default_factory=dict, repr=False)
+    _seed_problems: dict[tuple[str, str], list[dict[str, dict[str, Any]]] | None] = field(
+        default_factory=dict, repr=False)
     _training: dict[str, list[tuple[Stage, list[dict[str, Any]]]]] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ tasks and methods
@@ -173,13 +180,51 @@ class Experiment:
                         int(boot.get("seed", 0)))
         return 0.95, 1000, 0
 
+    # ------------------------------------------------------------------ training seeds
+
+    def seed_keys(self, method: str) -> list[str]:
+        """The training seeds of ``method`` in order ([] when it was trained or evaluated once)."""
+        m = self.methods.get(method)
+        return [] if m is None else list(m.seeds)
+
+    @property
+    def n_seeds(self) -> int:
+        """The most training seeds any method has (1 for an experiment without ``seeds``)."""
+        return max([len(m.seeds) for m in self.methods.values()] + [1])
+
+    def seed_cell(self, method: str, seed: str, task: str, metric: str) -> Cell | None:
+        """``metric`` on ``task`` from one training seed's own summary (None when absent)."""
+        run = self.methods[method].seeds.get(seed) if method in self.methods else None
+        return None if run is None else _cell(run.summary.get("tasks", {}).get(task, {}).get("metrics", {})
+                                              .get(metric))
+
+    def seed_problems(self, method: str, task: str) -> list[dict[str, dict[str, Any]]] | None:
+        """Per-problem rows of each training seed, in seed order (one entry for a method without
+        seeds); None when a ``problems.jsonl`` is missing."""
+        key = (method, task)
+        if key not in self._seed_problems:
+            m = self.methods.get(method)
+            runs: list[dict[str, dict[str, Any]]] | None = None
+            if m is not None and m.seeds:
+                paths = [r.eval_dir / task / PROBLEMS_FILE for r in m.seeds.values()]
+                runs = [read_problems(p) for p in paths] if all(p.is_file() for p in paths) else None
+            elif m is not None:
+                rows = self.problems(method, task)
+                runs = None if rows is None else [rows]
+            self._seed_problems[key] = runs
+        return self._seed_problems[key]
+
     def problems(self, method: str, task: str) -> dict[str, dict[str, Any]] | None:
-        """Per-problem metrics ``{problem_id: row}`` from ``problems.jsonl`` (None when absent)."""
+        """Per-problem metrics ``{problem_id: row}`` from ``problems.jsonl`` (None when absent);
+        for a method with several training seeds, each problem's mean over the seeds."""
         key = (method, task)
         if key not in self._problems:
             m = self.methods.get(method)
             rows = None
-            if m is not None and m.eval_dir is not None:
+            if m is not None and m.seeds:
+                runs = self.seed_problems(method, task)
+                rows = None if runs is None else mean_rows(runs)
+            elif m is not None and m.eval_dir is not None:
                 path = m.eval_dir / task / PROBLEMS_FILE
                 if path.is_file():
                     rows = read_problems(path)
@@ -306,18 +351,57 @@ def _parse_method(key: str, raw: Any, root: Path, path: Path, notes: list[str]) 
     eval_rel = raw.get("eval")
     eval_dir = None
     summary = None
-    if eval_rel is None:
+    seeds = _parse_seeds(raw.get("seeds"), root, where, path)
+    if seeds:
+        summary = pooled_summary(list(seeds.values()), _seed_rows(list(seeds.values())))
+        stages = stages or list(next(iter(seeds.values())).training)
+    elif eval_rel is None:
         notes.append(f"{label}: no 'eval' entry in {path.name}; left out of every table")
     elif not isinstance(eval_rel, str) or not eval_rel:
         raise UserError(f"{path}: {where}.eval must be a path, got {eval_rel!r}")
     else:
         eval_dir = root / eval_rel
-        summary = _read_json(eval_dir / SUMMARY_FILE, f"evaluation summary of method {key!r} ({where}.eval)")
-        if not isinstance(summary, dict) or not isinstance(summary.get("tasks"), dict):
-            raise UserError(f"{eval_dir / SUMMARY_FILE}: not an esreason eval summary (no 'tasks' object)")
+        summary = _read_summary(eval_dir, f"evaluation summary of method {key!r} ({where}.eval)")
     checkpoint = raw.get("checkpoint")
     return Method(key, kind, label, role, str(checkpoint) if checkpoint is not None else None,
-                  eval_dir, stages, summary)
+                  eval_dir, stages, summary, seeds)
+
+
+def _read_summary(eval_dir: Path, what: str) -> dict[str, Any]:
+    summary = _read_json(eval_dir / SUMMARY_FILE, what)
+    if not isinstance(summary, dict) or not isinstance(summary.get("tasks"), dict):
+        raise UserError(f"{eval_dir / SUMMARY_FILE}: not an esreason eval summary (no 'tasks' object)")
+    return summary
+
+
+def _parse_seeds(raw: Any, root: Path, where: str, path: Path) -> dict[str, SeedRun]:
+    """``methods.<m>.seeds``: ``{seed: {eval, checkpoint, training}}`` -> SeedRun per seed."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not raw:
+        raise UserError(f"{path}: {where}.seeds must be a non-empty object seed -> run, got {raw!r}")
+    out = {}
+    for seed, entry in raw.items():
+        w = f"{where}.seeds.{seed}"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("eval"), str) or not entry["eval"]:
+            raise UserError(f"{path}: {w} must be an object with an 'eval' path, got {entry!r}")
+        training = entry.get("training", []) or []
+        if not isinstance(training, list):
+            raise UserError(f"{path}: {w}.training must be a list, got {training!r}")
+        eval_dir = root / entry["eval"]
+        out[str(seed)] = SeedRun(str(seed), eval_dir, _read_summary(eval_dir, f"evaluation summary ({w}.eval)"),
+                                 [_parse_stage(s, root, f"{w}.training[{i}]", path) for i, s in enumerate(training)])
+    return out
+
+
+def _seed_rows(runs: list[SeedRun]) -> dict[str, list[dict[str, dict[str, Any]]] | None]:
+    """``{task: [problem rows of each seed]}`` for the pooled summary (None: a file is missing)."""
+    tasks = dict.fromkeys(t for r in runs for t in r.summary.get("tasks", {}))
+    out: dict[str, list[dict[str, dict[str, Any]]] | None] = {}
+    for t in tasks:
+        paths = [r.eval_dir / t / PROBLEMS_FILE for r in runs]
+        out[t] = [read_problems(p) for p in paths] if all(p.is_file() for p in paths) else None
+    return out
 
 
 def load_experiment(directory: str | Path) -> Experiment:

@@ -11,14 +11,18 @@ better on at least one (sometimes called *weak* dominance, as opposed to *strict
 dominance, which would require strictly better on both). Consequences: two methods at
 the same point do not dominate each other and are both on the front; a method that only
 matches another on one axis and loses on the other is dominated.
+
+A method trained with several seeds sits at its mean over seeds (the fronts use those
+points); its per-seed points are kept in ``seed_points`` and drawn around it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from esreason.report.load import REFERENCE_ROLES, Experiment, evaluated
+from esreason.report.seeds import seed_value
 from esreason.report.stats import average
 from esreason.report.tables import AVERAGE_GROUP, table_tasks
 
@@ -51,12 +55,17 @@ class ParetoPanel:
     full_front: list[str]
     dominated_by: dict[str, list[str]]
     added: list[str]
+    seed_points: dict[str, list[Point]] = field(default_factory=dict)
+    """Per training seed, the points of methods trained with several seeds (the spread behind
+    their mean point; drawn, not used for the fronts)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "k": self.k,
                 "points": {m: {"pass@1": x, f"pass@{self.k}": y} for m, (x, y) in self.points.items()},
                 "reference_front": self.reference_front, "full_front": self.full_front,
-                "dominated_by": self.dominated_by, "added_by_others": self.added}
+                "dominated_by": self.dominated_by, "added_by_others": self.added,
+                "seed_points": {m: [{"pass@1": x, f"pass@{self.k}": y} for x, y in pts]
+                                for m, pts in self.seed_points.items()}}
 
 
 def panel(key: str, label: str, k: int, points: Mapping[str, Point], roles: Mapping[str, str | None]) -> ParetoPanel:
@@ -95,6 +104,13 @@ def pareto_panels(exp: Experiment, k: int | None = None) -> tuple[list[ParetoPan
                 continue
             pts[m] = (x.value, y.value)  # type: ignore[assignment]
         if len(pts) >= 2:
-            panels.append(panel(key, "Average" if key == AVERAGE_GROUP else key, k, pts, roles))
+            p = panel(key, "Average" if key == AVERAGE_GROUP else key, k, pts, roles)
+            group = tasks if key == AVERAGE_GROUP else [key]
+            for m in pts:
+                seeds = [(seed_value(exp, m, s, group, "pass@1"), seed_value(exp, m, s, group, f"pass@{k}"))
+                         for s in exp.seed_keys(m)]
+                if seeds and all(x is not None and y is not None for x, y in seeds):
+                    p.seed_points[m] = seeds  # type: ignore[assignment]
+            panels.append(p)
     return panels, notes
 

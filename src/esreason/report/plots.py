@@ -141,9 +141,12 @@ def plot_pair_bars(pairs: Sequence[tuple[str, str]], metrics: Sequence[str],
 
 
 def plot_profiles(panels: Mapping[str, Mapping[str, Mapping[int, Cell]]], methods: Sequence[str],
-                  style: Mapping[str, Style], path: Path, title: str = "") -> Path:
-    """Pass@K against K (log2 axis) per panel; ``panels[label][method][k] = Cell``."""
+                  style: Mapping[str, Style], path: Path, title: str = "",
+                  seeds: Mapping[str, Mapping[str, Sequence[Mapping[int, float]]]] | None = None) -> Path:
+    """Pass@K against K (log2 axis) per panel; ``panels[label][method][k] = Cell``; ``seeds[label][method]``:
+    one ``{k: value}`` per training seed (thin lines: the spread over seeds)."""
     fig, axes = _grid(len(panels))
+    seeds = seeds or {}
     for ax, (label, by_method) in zip(axes, panels.items()):
         all_k: set[int] = set()
         for m in methods:
@@ -154,6 +157,10 @@ def plot_profiles(panels: Mapping[str, Mapping[str, Mapping[int, Cell]]], method
             all_k.update(ks)
             ys = [100 * pts[k].value for k in ks]  # type: ignore[operator]
             ax.plot(ks, ys, color=style[m].color, marker=style[m].marker, markersize=4, linewidth=1.4)
+            for run in seeds.get(label, {}).get(m, []):
+                sk = sorted(run)
+                ax.plot(sk, [100 * run[k] for k in sk], color=style[m].color, linewidth=0.9, alpha=0.8,
+                        linestyle=":")
             if all(pts[k].low is not None and pts[k].high is not None for k in ks):
                 ax.fill_between(ks, [100 * pts[k].low for k in ks], [100 * pts[k].high for k in ks],  # type: ignore
                                 color=style[m].color, alpha=0.10, linewidth=0)
@@ -167,7 +174,11 @@ def plot_profiles(panels: Mapping[str, Mapping[str, Mapping[int, Cell]]], method
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=11)
-    _legend(fig, _method_handles(methods, style, line=True))
+    handles = _method_handles(methods, style, line=True)
+    if any(seeds.values()):
+        handles.append(Line2D([], [], color="#7f7f7f", linestyle=":", linewidth=0.7,
+                              label="one training seed (solid: mean over seeds; band: 95% CI)"))
+    _legend(fig, handles)
     return _save(fig, path)
 
 
@@ -200,12 +211,20 @@ def plot_pareto(panels: Sequence[ParetoPanel], style: Mapping[str, Style], path:
         if lines:
             ax.text(0.02, 0.98, "same point:\n" + "\n".join(lines), transform=ax.transAxes, fontsize=7,
                     va="top", ha="left", color="#333333")
+        for m, seeds in p.seed_points.items():  # the spread over training seeds around the mean point
+            x0, y0 = p.points[m]
+            for x, y in seeds:
+                ax.plot([100 * x0, 100 * x], [100 * y0, 100 * y], color=style[m].color, linewidth=0.7, alpha=0.5,
+                        zorder=2)
+            ax.scatter([100 * x for x, _ in seeds], [100 * y for _, y in seeds], color="white",
+                       edgecolors=style[m].color, marker=style[m].marker, s=22, linewidths=1.0, zorder=2.5)
         for keys, kw in ((p.reference_front, {"color": "#999999", "linestyle": "--", "linewidth": 1.3}),
                          (p.full_front, {"color": "#222222", "linestyle": "-", "linewidth": 1.1})):
             if len(keys) > 1:
                 ax.plot([100 * p.points[k][0] for k in keys], [100 * p.points[k][1] for k in keys], zorder=2, **kw)
-        xs = [100 * x for x, _ in p.points.values()]
-        ys = [100 * y for _, y in p.points.values()]
+        every = list(p.points.values()) + [q for seeds in p.seed_points.values() for q in seeds]
+        xs = [100 * x for x, _ in every]
+        ys = [100 * y for _, y in every]
         pad_x = max(0.5, 0.12 * (max(xs) - min(xs)))
         pad_y = max(0.5, 0.12 * (max(ys) - min(ys)))
         ax.set_xlim(min(xs) - pad_x, max(xs) + pad_x)
@@ -220,6 +239,9 @@ def plot_pareto(panels: Sequence[ParetoPanel], style: Mapping[str, Style], path:
     handles += [Line2D([], [], color="#999999", linestyle="--", label="front: Base/GRPO/ES"),
                 Line2D([], [], color="#222222", linestyle="-", label="front: all methods"),
                 Line2D([], [], color="#7f7f7f", marker="o", linestyle="none", alpha=0.3, label="dominated (faded)")]
+    if any(p.seed_points for p in panels):
+        handles.append(Line2D([], [], color="#7f7f7f", marker="o", markerfacecolor="white", linewidth=0.7,
+                              label="one training seed (filled: mean over seeds)"))
     _legend(fig, handles, ncol=min(len(handles), 4))
     return _save(fig, path)
 

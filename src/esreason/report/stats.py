@@ -20,18 +20,13 @@ the interval is None (the number is still reported).
 
 from __future__ import annotations
 
-import zlib
 from typing import Sequence
 
 import numpy as np
 
 from esreason.report.cells import Cell, ExperimentView
-
-
-def _indices(seed: int, task: str, n: int, resamples: int) -> np.ndarray:
-    """Resampled problem indices [resamples, n], deterministic in (seed, task, n)."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed % 2**63, zlib.crc32(task.encode()), n]))
-    return rng.integers(0, n, size=(resamples, n))
+from esreason.report.hierarchical import probability_of_improvement, two_level_interval
+from esreason.report.hierarchical import problem_indices as _indices
 
 
 def bootstrap_task_average(per_task: dict[str, np.ndarray], level: float = 0.95, resamples: int = 1000,
@@ -64,7 +59,7 @@ def metric_column(rows: dict[str, dict], ids: Sequence[str], metric: str) -> np.
     """Per-problem ``metric`` values in ``ids`` order as float64 (NaN where missing or not a number)."""
     out = np.full(len(ids), np.nan)
     for i, pid in enumerate(ids):
-        v = rows[pid].get(metric)
+        v = rows.get(pid, {}).get(metric)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[i] = float(v)
     return out
@@ -89,13 +84,63 @@ def average(exp: ExperimentView, method: str, tasks: Sequence[str], metric: str)
         c = cells[0]
         return Cell(value, c.low, c.high, 1)  # type: ignore[union-attr]
     per_task = {}
+    level, resamples, seed = exp.bootstrap_settings()
+    if len(exp.seed_keys(method)) > 1:
+        tables = seed_tables(exp, method, tasks, metric)
+        lo, hi = (None, None) if tables is None else two_level_interval(tables, None, False, level, resamples, seed)
+        return Cell(value, lo, hi, len(tasks))
     for t in tasks:
         rows = exp.problems(method, t)
         if rows is None:
             return Cell(value, None, None, len(tasks))
         per_task[t] = metric_column(rows, list(rows), metric)  # file order, as the evaluation resampled it
-    level, resamples, seed = exp.bootstrap_settings()
     lo, hi = bootstrap_task_average(per_task, level, resamples, seed)
+    return Cell(value, lo, hi, len(tasks))
+
+
+def seed_tables(exp: ExperimentView, method: str, tasks: Sequence[str], metric: str,
+                ids: dict[str, list[str]] | None = None) -> dict[str, np.ndarray] | None:
+    """``{task: X [S seeds, n problems]}`` of per-problem ``metric`` (rows: the method's seeds in
+    order; columns: ``ids[task]``, default the first seed's file order). None when a file is missing."""
+    out = {}
+    for t in tasks:
+        runs = exp.seed_problems(method, t)
+        if runs is None or not runs:
+            return None
+        cols = list(runs[0]) if ids is None else ids[t]
+        out[t] = np.stack([metric_column(rows, cols, metric) for rows in runs])  # [S, n]
+    return out
+
+
+def paired_tables(exp: ExperimentView, method: str, base: str, tasks: Sequence[str], metric: str
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], bool] | None:
+    """Per-task tables of both methods over their common problems (by ``problem_id``), and
+    whether the seeds pair (both trained with the same seeds, more than one). None when a
+    ``problems.jsonl`` is missing or the two share no problem on some task."""
+    ids = {}
+    for t in tasks:
+        rows_m, rows_b = exp.problems(method, t), exp.problems(base, t)
+        if rows_m is None or rows_b is None:
+            return None
+        ids[t] = [pid for pid in rows_m if pid in rows_b]
+        if not ids[t]:
+            return None
+    a, b = seed_tables(exp, method, tasks, metric, ids), seed_tables(exp, base, tasks, metric, ids)
+    if a is None or b is None:
+        return None
+    keys_a, keys_b = exp.seed_keys(method), exp.seed_keys(base)
+    return a, b, len(keys_a) > 1 and keys_a == keys_b
+
+
+def improvement_probability(exp: ExperimentView, method: str, other: str, tasks: Sequence[str],
+                            metric: str) -> Cell | None:
+    """``P(method > other)`` on a random problem and training seeds, with its two-level interval
+    (:func:`esreason.report.hierarchical.probability_of_improvement`); None without problem files."""
+    tables = paired_tables(exp, method, other, tasks, metric)
+    if tables is None:
+        return None
+    level, resamples, seed = exp.bootstrap_settings()
+    value, lo, hi = probability_of_improvement(*tables, level=level, resamples=resamples, seed=seed)
     return Cell(value, lo, hi, len(tasks))
 
 
@@ -115,6 +160,13 @@ def paired_difference(exp: ExperimentView, method: str, base: str, tasks: Sequen
     if not tasks:
         return None
     value = float(np.mean(diffs))
+    level, resamples, seed = exp.bootstrap_settings()
+    if len(exp.seed_keys(method)) > 1 or len(exp.seed_keys(base)) > 1:
+        tables = paired_tables(exp, method, base, tasks, metric)
+        if tables is None:
+            return Cell(value, None, None, len(tasks))
+        lo, hi = two_level_interval(*tables, level=level, resamples=resamples, seed=seed)
+        return Cell(value, lo, hi, len(tasks))
     per_task = {}
     for t in tasks:
         rows_m, rows_b = exp.problems(method, t), exp.problems(base, t)
@@ -124,6 +176,5 @@ def paired_difference(exp: ExperimentView, method: str, base: str, tasks: Sequen
         if not ids:
             return Cell(value, None, None, len(tasks))
         per_task[t] = metric_column(rows_m, ids, metric) - metric_column(rows_b, ids, metric)
-    level, resamples, seed = exp.bootstrap_settings()
     lo, hi = bootstrap_task_average(per_task, level, resamples, seed)
     return Cell(value, lo, hi, len(tasks))

@@ -226,7 +226,8 @@ def heldout_change_table(exp: Experiment) -> Table | None:
     return Table(name="heldout_change", title="Held-out change vs base",
                  caption=(f"Held-out performance changes (post-training minus {exp.label(base)}, percentage points), "
                           f"averaged equally over the {len(held)} held-out tasks ({', '.join(held)}). Brackets: 95% "
-                          f"paired bootstrap intervals over problems. Positive values denote gains."),
+                          f"paired bootstrap intervals over problems{' and training seeds' if exp.n_seeds > 1 else ''}. "
+                          f"Positive values denote gains."),
                  groups=groups, rows=methods, labels={m: exp.label(m) for m in methods}, cells=cells,
                  signed=True, notes=notes)
 
