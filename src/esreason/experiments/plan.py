@@ -153,7 +153,10 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         kind = f"{engines} vLLM engine{'s' if engines > 1 else ''}"
         where = (f"{kind} (Ray pool, 1 GPU each; {be.update} update)" if be.type == "ray"
                  else f"{kind} in-process (1 GPU)")
-        memory = {"engine": engine_gib, "gpu0_with_trainer": engine_gib + trainer}
+        # The trainer's reference is in host memory beside GPU engines (es_loop.run.reference_placement):
+        # GPU 0 holds its engine plus the trainer's CUDA context and noise blocks only.
+        memory = {"engine": engine_gib, "gpu0_with_trainer": engine_gib + ctx.const("trainer_gpu_gib"),
+                  "trainer_host": trainer}
         return Stage(name, where, responses + heldout, round(tokens), engines, wall / 3600, memory)
     wall = tokens / ctx.rate("hf") + updates * ctx.hbm_seconds(
         n * (BYTES_PER_PARAM["perturb"] + BYTES_PER_PARAM["restore"] + 2 * BYTES_PER_PARAM["draw"]

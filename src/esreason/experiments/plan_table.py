@@ -111,6 +111,10 @@ CONSTANTS: dict[str, Assumption] = {
     "engine_memory_fraction": Assumption("engine_memory_fraction", 0.6, "fraction of GPU memory",
                                          "esreason default: VLLMEngineOptions.gpu_memory_utilization (an ES engine's "
                                          "reservation for weights + KV cache)"),
+    "trainer_gpu_gib": Assumption("trainer_gpu_gib", 0.6, "GiB on GPU 0 beside its engine",
+                                  "assumption (ours): the trainer's reference lives in host memory beside GPU "
+                                  "engines (esreason.es_loop.run.reference_placement) and keeps on the GPU only its "
+                                  "CUDA context (~0.5 GiB) and three 16 MiB noise blocks"),
     "eval_memory_fraction": Assumption("eval_memory_fraction", 0.9, "fraction of GPU memory",
                                        "assumption (ours): an evaluation engine owns its GPU (vLLM's default 0.9)"),
 }
