@@ -205,7 +205,7 @@ def engine_generate_requests(engine: Any, prompt_ids: Sequence[Sequence[int]], s
     llm = getattr(engine, "llm", None)
     if llm is not None:
         if not hasattr(engine, "_eval_eos"):
-            engine._eval_eos = eos_ids(str(engine._dir), engine.tokenizer)
+            engine._eval_eos = eos_ids(str(engine._model_dir), engine.tokenizer)
         return RequestOutput(vllm_generate(llm, prompt_ids, seeds, plain, engine._eval_eos), None)
     return sampler_generate_requests(engine.sampler, prompt_ids, seeds, plain)
 
