@@ -478,3 +478,23 @@ def test_info_does_not_import_optional_stacks():
     """)
     assert proc.returncode == 0, proc.stderr
     assert "RC 0 HEAVY []" in proc.stdout and "torch" in proc.stdout
+
+
+def test_tensorboard_purge_holds_when_the_writer_counter_crosses_a_digit(tmp_path, monkeypatch):
+    """Event files opened in one second sort by a text counter (".10" before ".9"): the resumed
+    writer must still be read last, or its purge is lost (seen in CI, where many writers ran
+    in one process)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
+
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))
+    with MetricsLogger(tmp_path) as log:
+        for s in range(1, 4):
+            log.log(s, {"reward": float(s)})
+    with MetricsLogger(tmp_path, truncate_after=1) as log:
+        log.log(2, {"reward": 20.0})
+    names = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
+    assert names[0].endswith(".9") and names[1].endswith(".10")
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("reward")] == [(1, 1.0), (2, 20.0)]

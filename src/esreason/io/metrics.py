@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,33 @@ def _scalar(value: Any) -> float | None:
     return None
 
 
+def _after_existing_event_files(tb_dir: Path) -> None:
+    """Wait (at most ~1 s) until a new event file's name sorts after every existing one.
+
+    TensorBoard reads a directory's event files in name order and applies ``purge_step`` to
+    the events it has read before the purging file. Names are
+    ``events.out.tfevents.<10-digit second>.<host>.<pid>.<counter>``: within one second the
+    order falls to the pid and a per-process counter compared as text (".10" before ".9"), so
+    a writer opened in the same second as an earlier one (a resume right after a stop, or many
+    runs in one process, as in our test suite) could be read first and its purge lost. A new
+    second puts the new file last.
+    """
+    if not tb_dir.is_dir():
+        return
+    seconds = []
+    for f in tb_dir.glob("events.out.tfevents.*"):
+        part = f.name.split(".")[3]
+        if part.isdigit():
+            seconds.append(int(part))
+    if not seconds:
+        return
+    newest = max(seconds)
+    if newest > time.time() + 2:          # written under another clock: waiting cannot help
+        return
+    while int(time.time()) <= newest:
+        time.sleep(min(1.0, newest + 1 - time.time() + 1e-3))
+
+
 class MetricsLogger:
     """Append ``{"step": step, **metrics}`` rows to RUN/metrics.jsonl and scalars to TensorBoard.
 
@@ -167,6 +195,7 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = None if truncate_after is None else max(truncate_after + 1, 0)
+            _after_existing_event_files(self.run_dir / TENSORBOARD_DIR)
             self._tb = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR), purge_step=purge)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
