@@ -359,3 +359,35 @@ def test_fsdp2_sharded_model_is_saved_as_a_full_hf_checkpoint(tmp_path):
         expected[:rows0] += 1.0
         expected[rows0:] += 2.0
         assert torch.allclose(got[name], expected), name
+
+
+def test_shutdown_destroys_the_process_group_and_is_a_no_op_without_one(tmp_path):
+    import torch.distributed as dist
+
+    from esreason.grpo.distributed import shutdown_process_group
+
+    shutdown_process_group()                                   # nothing initialised: no error
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    shutdown_process_group()
+    assert not dist.is_initialized()
+
+
+def test_train_grpo_command_shuts_the_process_group_down_even_when_the_run_fails(monkeypatch):
+    """Every launched process ends with destroy_process_group (gloo aborted at exit without it)."""
+    import argparse
+
+    from esreason.grpo import run as grpo_run
+
+    calls = []
+    monkeypatch.setattr(grpo_run, "shutdown_process_group", lambda: calls.append("shutdown"))
+
+    def failing(*args, **kwargs):
+        raise UserError("boom")
+
+    monkeypatch.setattr(grpo_run, "run_grpo", failing)
+    args = argparse.Namespace(config=str(DEMO_CONFIG), set=[], output=None, resume=False,
+                              no_progress=True, resume_from=None)
+    with pytest.raises(UserError, match="boom"):
+        grpo_run._cmd_train_grpo(args)
+    assert calls == ["shutdown"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from esreason.errors import UserError
 from esreason.grpo.config import GRPORunConfig
-from esreason.grpo.distributed import Processes, barrier, full_state_dict
+from esreason.grpo.distributed import Processes, barrier, full_state_dict, shutdown_process_group
 from esreason.grpo.plan import BatchPlan
 from esreason.quiet import known_library_noise
 from esreason.grpo.save_dtype import resolve_save_dtype
@@ -344,7 +344,11 @@ def _cmd_train_grpo(args: argparse.Namespace) -> int:
 
     cfg = load_grpo_config(args.config, args.set or [])
     output = Path(args.output) if args.output else _default_output(args.config)
-    result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress, resume_from=args.resume_from)
+    try:
+        result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress,
+                          resume_from=args.resume_from)
+    finally:
+        shutdown_process_group()  # under a launcher: before Python finalises (gloo aborts otherwise)
     if Processes.from_env().is_main:  # one summary, not one per process
         print(f"GRPO run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
         print(f"run directory: {output}")
