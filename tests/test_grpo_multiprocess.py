@@ -369,6 +369,8 @@ def test_shutdown_destroys_the_process_group_and_is_a_no_op_without_one(tmp_path
     shutdown_process_group()                                   # nothing initialised: no error
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     assert dist.is_initialized()
+    shutdown_process_group(vllm_colocated=True)               # left to vLLM's exit handler
+    assert dist.is_initialized()
     shutdown_process_group()
     assert not dist.is_initialized()
 
@@ -380,7 +382,7 @@ def test_train_grpo_command_shuts_the_process_group_down_even_when_the_run_fails
     from esreason.grpo import run as grpo_run
 
     calls = []
-    monkeypatch.setattr(grpo_run, "shutdown_process_group", lambda: calls.append("shutdown"))
+    monkeypatch.setattr(grpo_run, "shutdown_process_group", lambda **kw: calls.append("shutdown"))
 
     def failing(*args, **kwargs):
         raise UserError("boom")

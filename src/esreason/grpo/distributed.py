@@ -84,7 +84,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-def shutdown_process_group() -> None:
+def shutdown_process_group(vllm_colocated: bool = False) -> None:
     """Destroy the default process group, if any, while the interpreter is fully alive.
 
     Call once per process at the end of a launched run. Without it, gloo's worker threads can
@@ -92,10 +92,15 @@ def shutdown_process_group() -> None:
     called without an active exception", SIGABRT) after a run that otherwise finished: seen
     once in CI with 2 CPU processes. torch documents the call as every trainer process's last
     step (pytorch/pytorch#122358); for NCCL it also avoids the leaked-communicator warning.
+
+    vllm_colocated: the process runs a vLLM engine (TRL's colocate mode). That engine owns
+    subgroups of the default group and destroys them and the default group in its own exit
+    handler (``vllm.distributed.parallel_state.cleanup_dist_env_and_memory``); destroying the
+    default group first makes that handler fail, so nothing is done here.
     """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if not vllm_colocated and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -361,13 +361,8 @@ def _cmd_train_grpo(args: argparse.Namespace) -> int:
     try:
         result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress,
                           resume_from=args.resume_from)
-    finally:
-        # Before Python finalises (gloo aborts otherwise). A colocated vLLM (TRL's colocate mode)
-        # owns subgroups of the default group and destroys them and it in its own exit handler
-        # (vllm.distributed.parallel_state.cleanup_dist_env_and_memory); destroying the default
-        # group first makes that handler fail, so it is left to vLLM.
-        if not (cfg.grpo.use_vllm and cfg.grpo.vllm_mode == "colocate"):
-            shutdown_process_group()
+    finally:  # before Python finalises (gloo aborts otherwise)
+        shutdown_process_group(vllm_colocated=cfg.grpo.use_vllm and cfg.grpo.vllm_mode == "colocate")
     if Processes.from_env().is_main:  # one summary, not one per process
         print(f"GRPO run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
         print(f"run directory: {output}")
