@@ -143,7 +143,10 @@ def test_es_run_batched_checkpoint_bit_identical_to_hf(tmp_path):
     mb = [json.loads(x) for x in (tmp_path / "batched" / "metrics.jsonl").read_text().splitlines()]
     for key in ("reward/mean", "reward/std", "accuracy/mean", "update_norm", "tokens"):
         assert [m[key] for m in ma] == [m[key] for m in mb], key
-    assert all(m["update_norm"] > 0 for m in ma)
+    # At least one update moved the weights, so equal checkpoints mean something. (Not every step: with
+    # 5 prompts all three antithetic pairs can tie, a zero update; seen at step 2 under ATen's scalar
+    # kernels, ATEN_CPU_CAPABILITY=default, on both backends alike.)
+    assert any(m["update_norm"] > 0 for m in ma)
     assert hash_directory_safetensors(a.final_checkpoint) == hash_directory_safetensors(b.final_checkpoint)
 
 

@@ -218,7 +218,7 @@ def test_suite_fails_on_a_deprecation_from_our_code(tmp_path):
     test_file.write_text(TRIGGERS)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
-         "-p", "no:cacheprovider", "-q", "-rA", str(test_file)],
+         "-p", "no:cacheprovider", "-n", "0", "-q", "-rA", str(test_file)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out

@@ -4,6 +4,7 @@ through the CLI (smoke-sized; the full demo's numbers are in docs/experiments.md
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -12,9 +13,16 @@ from esreason.cli import main
 
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "demo"
-    rc = main(["demo", "--quick", "--output", str(out), "--no-progress"])
-    return out, rc
+    """``esreason demo --quick`` with no ``--output``, run from a fresh working directory: it writes
+    the default ``runs/demo-quick``."""
+    cwd = tmp_path_factory.mktemp("demo")
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        rc = main(["demo", "--quick", "--no-progress"])
+    finally:
+        os.chdir(before)
+    return cwd / "runs" / "demo-quick", rc
 
 
 def test_quick_demo_runs_all_five_methods_and_writes_the_report(quick_demo, capsys):
@@ -77,3 +85,40 @@ def test_demo_output_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
     f.write_text("x")
     assert main(["demo", "--quick", "--output", str(f), "--no-progress"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_default_outputs_differ_per_kind_of_demo():
+    from pathlib import Path
+
+    from esreason.demo import default_output
+
+    assert default_output() == Path("runs/demo")
+    assert default_output(quick=True) == Path("runs/demo-quick")
+    assert default_output(seeds=3) == Path("runs/demo-seeds3")
+    assert default_output(quick=True, seeds=3) == Path("runs/demo-quick-seeds3")
+
+
+def test_full_demo_after_quick_demo_just_works(quick_demo, monkeypatch, capsys):
+    """Issue 27: ``esreason demo --quick`` then ``esreason demo``, no flag added, both exit 0. The full
+    demo's spec is shortened here (the quick budgets plus one update, so it differs from the quick
+    spec the way the real full spec does); its default directory is ``runs/demo``."""
+    import esreason.demo as demo
+
+    out, rc = quick_demo
+    assert rc == 0
+    original = demo.demo_spec
+
+    def short_full(quick=False, extra=(), seeds=1):
+        return original(False, extra=demo.QUICK_OVERRIDES + ("updates=1",) + tuple(extra), seeds=seeds) \
+            if not quick else original(True, extra=extra, seeds=seeds)
+
+    monkeypatch.setattr(demo, "demo_spec", short_full)
+    cwd = out.parent.parent
+    monkeypatch.chdir(cwd)
+    # The full demo into the quick one's directory is still refused, with the command that fixes it.
+    assert main(["demo", "--output", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "different experiment" in err and f"rm -r {out}" in err and "--output" in err
+    assert main(["demo", "--no-progress"]) == 0
+    assert (cwd / "runs" / "demo" / "report" / "report.md").is_file()
+    assert (cwd / "runs" / "demo-quick" / "report" / "report.md").is_file()

@@ -80,6 +80,9 @@ def _write_metrics(path: Path, method: str, updates: int, start_entropy: float, 
         rows.append(row)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the run's config: ES rollouts greedy, GRPO rollouts sampled at 1.0 (the reward panels' measures)
+    temperature = 0.0 if method == "es" else 1.0
+    (path.parent / "config.yaml").write_text(f"generation:\n  temperature: {temperature}\n")
 
 
 def write_experiment(root: Path, methods: list[str] | None = None) -> Path:
@@ -271,13 +274,39 @@ def test_training_curves_concatenate_stages(exp_dir: Path) -> None:
     from esreason.report.curves import training_curves
 
     c = training_curves(load_experiment(exp_dir))
-    assert set(c.panels) == {"reward/mean", "heldout/entropy", "heldout/pass@1", "heldout/pass@16"}
+    greedy, sampled = "reward/mean|greedy (temperature 0)", "reward/mean|sampled (temperature 1)"
+    assert set(c.panels) == {greedy, sampled, "heldout/entropy", "heldout/pass@1", "heldout/pass@16"}
     line = next(s for s in c.panels["heldout/entropy"] if s.method == "es_grpo")
     assert line.xs == [0, 2, 2, 4] and line.boundaries == [2]
     assert line.ys == pytest.approx([0.5, 0.49, 0.49, 0.39])
-    reward = next(s for s in c.panels["reward/mean"] if s.method == "grpo")
+    reward = next(s for s in c.panels[sampled] if s.method == "grpo")
     assert reward.xs == [1, 2, 3, 4]
     assert c.base == {"heldout/entropy": 0.5, "heldout/pass@1": 0.2, "heldout/pass@16": 0.55}
+
+
+def test_training_reward_panels_never_mix_measures(exp_dir: Path, tmp_path: Path) -> None:
+    """Issue 27: ES's greedy reward and GRPO's sampled reward never share an axis; a composition's
+    stages go to the panels of their own measures; each panel's title and y label name the measure."""
+    from esreason.report import load_experiment
+    from esreason.report.curves import training_curves
+    from esreason.report.plots import _panel_text
+
+    c = training_curves(load_experiment(exp_dir))
+    greedy, sampled = "reward/mean|greedy (temperature 0)", "reward/mean|sampled (temperature 1)"
+    assert {s.method for s in c.panels[greedy]} == {"es", "es_grpo", "grpo_es"}
+    assert {s.method for s in c.panels[sampled]} == {"grpo", "es_grpo", "grpo_es"}
+    es_grpo_greedy = next(s for s in c.panels[greedy] if s.method == "es_grpo")
+    es_grpo_sampled = next(s for s in c.panels[sampled] if s.method == "es_grpo")
+    assert es_grpo_greedy.xs == [1, 2] and es_grpo_sampled.xs == [3, 4]  # stage 1 ES, stage 2 GRPO
+    title, ylabel = _panel_text(greedy)
+    assert "greedy (temperature 0)" in title and ylabel == "mean reward, greedy"
+    title, ylabel = _panel_text(sampled)
+    assert "sampled (temperature 1)" in title and ylabel == "mean reward, sampled"
+    # a stage without its config.yaml is labelled as such, not silently merged
+    (exp_dir / "runs" / "grpo" / "config.yaml").unlink()
+    c = training_curves(load_experiment(exp_dir))
+    unknown = [k for k in c.panels if "measure unknown" in k]
+    assert len(unknown) == 1 and [s.method for s in c.panels[unknown[0]]] == ["grpo"]
 
 
 # ---------------------------------------------------------------------- LaTeX

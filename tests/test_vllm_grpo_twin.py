@@ -14,6 +14,12 @@ Checked:
   each rollout, so after 2 updates the engine holds the weights of checkpoint step_1 (the
   policy that sampled update 2), bit for bit, and not the base's.
 The measured numbers are printed as one ``TWIN {...}`` line (run with ``-s``).
+
+CPU paths (issue 27): vLLM's CPU build repacks linear weights for oneDNN (any x86 CPU where its
+``_C`` has oneDNN, this machine's AVX-512 Xeon among them), SGL/AMX (AMX CPUs, bf16) or zentorch
+(AMD Zen with zentorch), and computes on the packed copy; only elsewhere does it keep
+``functional.linear``. :mod:`esreason.backends.vllm_cpu` undoes the repacking on every path, and
+the sync test checks it did so wherever the build repacks.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ def read(model):
     return {n: params[n].detach().to("cpu", torch.float32).clone() for n in names if n in params} | {
         "dtype": str(next(model.parameters()).dtype)}
 engine = captured["trainer"].vllm_generation.llm.apply_model(read)[0]
+import vllm._custom_ops as vllm_ops
+repacks = bool(vllm_ops._supports_onednn) or torch.cpu._is_amx_tile_supported()
+cpu_layers = captured["trainer"].vllm_cpu_layers
 dtype = engine.pop("dtype")
 step1 = load_file(f"{out}/checkpoints/step_1/model.safetensors")
 step2 = load_file(f"{out}/checkpoints/step_2/model.safetensors")
@@ -80,6 +89,8 @@ print("SYNC " + json.dumps({
     "equal_step2": {n: bool(torch.equal(engine[n], rounded(step2[n]))) for n in engine},
     "equal_base": {n: bool(torch.equal(engine[n], rounded(base[n]))) for n in engine},
     "engine_dtype": dtype,
+    "cpu_build_repacks": repacks,
+    "cpu_layers": cpu_layers,
     "max_abs_engine_minus_step1": {n: float((engine[n] - step1[n].float()).abs().max()) for n in engine},
     "max_abs_engine_minus_step2": {n: float((engine[n] - step2[n].float()).abs().max()) for n in engine},
     "max_abs_step1_minus_base": {n: float((step1[n].float() - base[n].float()).abs().max()) for n in engine},
@@ -130,6 +141,11 @@ def test_grpo_vllm_engine_samples_from_the_trained_weights(tmp_path):
     sync = json.loads(line[len("SYNC "):])
     print("TWIN", json.dumps(sync))
     assert sync["names"], "none of the compared parameters exists in the vLLM model"
+    # Issue 27: where vLLM's CPU build repacks linear weights (oneDNN, AMX), the trainer made every
+    # repacked layer loadable again (esreason.backends.vllm_cpu); where it does not, nothing to do.
+    assert sync["cpu_layers"] is not None
+    if sync["cpu_build_repacks"]:
+        assert sync["cpu_layers"]["restored"] > 0 and sync["cpu_layers"]["layers"] >= sync["cpu_layers"]["restored"]
     assert all(sync["equal_step1"].values())        # the engine holds the policy after update 1 ...
     assert not all(sync["equal_step2"].values())    # (update 2's step came after its rollouts)
     # ... not the base it started from (a norm weight near 1 may round to the same bfloat16 value

@@ -56,7 +56,10 @@ def _cmd_train_es(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from esreason.demo import run_demo
 
-    return run_demo(output=Path(args.output), quick=args.quick, progress=not args.no_progress, seeds=args.seeds)
+    from esreason.demo import default_output
+
+    output = Path(args.output) if args.output else default_output(quick=args.quick, seeds=args.seeds)
+    return run_demo(output=output, quick=args.quick, progress=not args.no_progress, seeds=args.seeds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("demo", help="the pipeline in miniature on the embedded default (CPU, minutes)")
-    p.add_argument("--output", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--output", default=None,
+                   help="run directory (default: runs/demo; --quick: runs/demo-quick; --seeds N > 1: "
+                        "runs/demo-seedsN, so each kind of demo has its own directory)")
     p.add_argument("--quick", action="store_true", help="a smoke-test sized demo (seconds)")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="training seeds 0..N-1: intervals then cover training variance too (default 1: "

@@ -16,7 +16,9 @@ rest on the two-level bootstrap over seeds and problems (:mod:`esreason.report.h
 each with its per-seed verdicts.
 
 Rerunning with the same ``--output`` resumes (finished methods are not trained again).
-``--quick`` shrinks every budget to a smoke test (numbers meaningless).
+``--quick`` shrinks every budget to a smoke test (numbers meaningless). Each kind of demo has
+its own default directory (:func:`default_output`: ``runs/demo``, ``runs/demo-quick``,
+``runs/demo-seeds3``, ...), so a quick run never blocks the full one (issue 27).
 """
 
 from __future__ import annotations
@@ -41,6 +43,17 @@ QUICK_OVERRIDES = (
     "configs.grpo.eval.every=1", "configs.grpo.eval.limit=4", "configs.grpo.eval.samples=2",
     "configs.grpo.eval.ks=[1,2]",
 )
+
+
+def default_output(quick: bool = False, seeds: int = 1) -> Path:
+    """The run directory used when ``--output`` is not given: one per kind of demo.
+
+    ``runs/demo`` (the full one-seed demo), ``runs/demo-quick`` (``--quick``), ``runs/demo-seeds3``
+    (``--seeds 3``), ``runs/demo-quick-seeds3``. An experiment directory refuses a different spec,
+    so a shared default would make the smoke run block the full one.
+    """
+    name = "demo" + ("-quick" if quick else "") + (f"-seeds{seeds}" if seeds != 1 else "")
+    return Path("runs") / name
 
 
 def seed_overrides(seeds: int) -> tuple[str, ...]:

@@ -67,10 +67,12 @@ def check_same_spec(exp: Path, spec: ExperimentSpec) -> None:
     for key in TRAINING_KEYS:
         if _plain(stored.get(key)) != current.get(key):
             raise UserError(f"{exp} was created from a different experiment (key '{key}' differs from "
-                            f"{stored_path}); use another output directory")
+                            f"{stored_path}); write elsewhere (--output OTHER_DIR) or start over with "
+                            f"'rm -r {exp}'")
     if (stored.get("seeds") is None) != (current.get("seeds") is None):
         raise UserError(f"{exp} was created {'without' if stored.get('seeds') is None else 'with'} the key "
-                        f"'seeds' ({stored_path}); its run layout differs; use another output directory")
+                        f"'seeds' ({stored_path}); its run layout differs; write elsewhere (--output OTHER_DIR) "
+                        f"or start over with 'rm -r {exp}'")
 
 
 def fingerprint(method: MethodSpec, spec: ExperimentSpec) -> str:

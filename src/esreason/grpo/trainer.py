@@ -17,6 +17,8 @@ a linearly decaying learning rate, no weight decay).
    TRL's sampler advances one generator across epochs, so a run resumed in epoch e > 0 would
    replay epoch 0's order.
 3. Nothing else: generation, the loss, KL, clipping, logging and checkpointing are TRL's.
+   (On the CPU twin only, a colocated vLLM-CPU engine's repacked linears are made loadable
+   again so that TRL's weight push works: :mod:`esreason.backends.vllm_cpu`.)
 """
 
 from __future__ import annotations
@@ -83,6 +85,21 @@ class PaperGRPOTrainer(GRPOTrainer):
         self.standardize_advantages = standardize_advantages
         self._last_rewards_per_func: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
+        self.vllm_cpu_layers = self._keep_cpu_engine_loadable()
+
+    def _keep_cpu_engine_loadable(self) -> dict[str, int] | None:
+        """A colocated vLLM engine on the CPU build repacks its linear weights, and TRL's weight push
+        then fails (or leaves the matmuls on the base weights): route its layers through their live
+        weights again (:func:`esreason.backends.vllm_cpu.make_weights_loadable`). None elsewhere."""
+        if not (self.use_vllm and self.vllm_mode == "colocate" and self.args.use_cpu):
+            return None
+        import functools
+
+        from esreason.backends.vllm_cpu import make_weights_loadable
+
+        model_dir = getattr(self.model, "name_or_path", None) or self.model.config._name_or_path
+        fix = functools.partial(make_weights_loadable, model_dir=str(model_dir))
+        return self.vllm_generation.llm.apply_model(fix)[0]
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochSeededRepeatSampler:
         return EpochSeededRepeatSampler(

@@ -8,7 +8,12 @@ offset. Quantities:
 - ``reward/mean``: mean training reward of the update (ES: over the population; GRPO:
   over the group samples). No base-model value is logged for it, so that panel has no
   reference line. Levels differ between methods by construction (ES members decode at the
-  run's generation temperature, greedy in the paper's setting; GRPO samples at 1.0).
+  run's generation temperature, greedy in the paper's setting; GRPO samples at 1.0), so
+  the reward is split by *measure* (issue 27): each training stage's rows go to the panel of
+  the measure its run logged them with (:func:`reward_measure`, from the stage's
+  ``config.yaml``: greedy, or sampled at temperature t), one panel per measure, keyed
+  ``reward/mean|<measure>``. A composition's two stages then sit in two panels, and no
+  panel puts a greedy reward beside a sampled one on one axis.
   Each update's reward mostly reflects which prompts the update drew, so the figure also
   draws :func:`trailing_mean` (our choice: the last ``REWARD_WINDOW`` updates of the same
   stage; the paper smooths its reward curves with an EMA over hundreds of updates, which
@@ -25,9 +30,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from esreason.report.load import Experiment
+from esreason.report.load import Experiment, Stage
 
 _PASS_KEY = re.compile(r"^heldout/pass@(\d+)$")
+REWARD_KEY = "reward/mean"
+#: Separates the reward key from its measure in a panel key (``reward/mean|greedy (temperature 0)``).
+MEASURE_SEP = "|"
+UNKNOWN_MEASURE = "measure unknown (no config.yaml beside the metrics)"
 
 #: Updates in the trailing mean drawn over the per-update training reward.
 REWARD_WINDOW = 5
@@ -79,14 +88,41 @@ class Curves:
                 "base_reference": self.base, "notes": self.notes}
 
 
-def series(exp: Experiment, method: str, key: str) -> Series | None:
-    """``key`` over the concatenated stages of ``method``; None when it never appears."""
+def reward_measure(stage: Stage) -> str:
+    """How a stage's ``reward/mean`` was measured: its run's rollout temperature.
+
+    Read from ``config.yaml`` beside the stage's metrics (``generation.temperature``; ES and
+    GRPO runs both write it): temperature 0 is "greedy (temperature 0)", else "sampled
+    (temperature t)". :data:`UNKNOWN_MEASURE` when the file or key is missing or unreadable.
+    """
+    import yaml
+
+    if stage.metrics is None:
+        return UNKNOWN_MEASURE
+    path = stage.metrics.parent / "config.yaml"
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return UNKNOWN_MEASURE
+    t = cfg.get("generation", {}).get("temperature") if isinstance(cfg, dict) else None
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        return UNKNOWN_MEASURE
+    return "greedy (temperature 0)" if t == 0 else f"sampled (temperature {t:g})"
+
+
+def series(exp: Experiment, method: str, key: str, measure: str | None = None) -> Series | None:
+    """``key`` over the concatenated stages of ``method``; None when it never appears.
+
+    ``measure``: keep only the stages whose :func:`reward_measure` is this one (the reward panels).
+    """
     xs: list[int] = []
     ys: list[float] = []
     boundaries: list[int] = []
     for i, (stage, rows) in enumerate(exp.training(method)):
         if i > 0:
             boundaries.append(stage.offset)
+        if measure is not None and reward_measure(stage) != measure:
+            continue
         for row in rows:
             v = row.get(key)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
@@ -125,24 +161,38 @@ def base_reference(exp: Experiment, key: str) -> float | None:
     return None
 
 
+def panel_measure(key: str) -> str | None:
+    """The measure of a reward panel key (``reward/mean|greedy (temperature 0)``), else None."""
+    return key.split(MEASURE_SEP, 1)[1] if key.startswith(REWARD_KEY + MEASURE_SEP) else None
+
+
 def training_curves(exp: Experiment) -> Curves | None:
-    """Reward, held-out entropy, held-out Pass@1 and Pass@K (largest K logged) per method."""
+    """Reward (one panel per measure), held-out entropy, held-out Pass@1 and Pass@K (largest K
+    logged) per method."""
     trained = [m for m, spec in exp.methods.items() if spec.training]
     if not trained:
         return None
+    measures: list[str] = []
+    for m in trained:
+        for stage, _ in exp.training(m):
+            if (measure := reward_measure(stage)) not in measures:
+                measures.append(measure)
     ks = heldout_ks(exp)
-    keys = ["reward/mean", "heldout/entropy", "heldout/pass@1"]
+    keys = [REWARD_KEY + MEASURE_SEP + measure for measure in measures] or [REWARD_KEY]
+    keys += ["heldout/entropy", "heldout/pass@1"]
     if ks and max(ks) > 1:
         keys.append(f"heldout/pass@{max(ks)}")
     panels: dict[str, list[Series]] = {}
     notes: list[str] = []
     for key in keys:
-        lines = [s for m in trained if (s := series(exp, m, key)) is not None]
+        measure = panel_measure(key)
+        plain = REWARD_KEY if measure is not None else key
+        lines = [s for m in trained if (s := series(exp, m, plain, measure)) is not None]
         if lines:
             panels[key] = lines
-        else:
+        elif measure is None:
             notes.append(f"no training run logged {key}; panel left out")
     if not panels:
         return None
-    base = {k: v for k in keys if k != "reward/mean" and (v := base_reference(exp, k)) is not None}
+    base = {k: v for k in keys if not k.startswith(REWARD_KEY) and (v := base_reference(exp, k)) is not None}
     return Curves(panels, base, notes)

@@ -187,10 +187,12 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
     lines += ["## 6. Training curves", "",
               "Paper Figure fig:rq1-overview (a-b): training reward, held-out token entropy and held-out Pass@K "
               "over updates (compositions: one line over both stages, dotted boundary; dashed: base model at "
-              "step 0; the reward panel has no base line because no base reward is logged). The reward levels are "
-              "not comparable across methods, only their trends: each method logs the reward of its own rollouts "
-              "(ES: responses of the perturbed members at the run's generation temperature, greedy in the "
-              "paper's setting; GRPO: samples at temperature 1).", ""]
+              "step 0; the reward panels have no base line because no base reward is logged). The training reward "
+              "gets one panel per measure, named in its title: each run logs the reward of its own rollouts (ES: "
+              "responses of the perturbed members at the run's generation temperature, greedy in the paper's "
+              "setting; GRPO: samples at its rollout temperature, 1 in the paper), and a greedy reward and a "
+              "sampled one are different quantities, so they never share an axis; a composition's two stages "
+              "sit in the panels of their own measures.", ""]
     lines += [markdown.image(files["training"].name, "training curves"), ""] if "training" in files else [
         "_No figure._", ""]
     lines += _table_section(parts.change, "7", "Held-out change vs base",

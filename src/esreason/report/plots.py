@@ -29,7 +29,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from esreason.io import atomic_save_figure  # noqa: E402
-from esreason.report.curves import REWARD_WINDOW, Curves, trailing_mean  # noqa: E402
+from esreason.report.curves import REWARD_KEY, REWARD_WINDOW, Curves, panel_measure, trailing_mean  # noqa: E402
 from esreason.report.load import Cell  # noqa: E402
 from esreason.report.pareto import ParetoPanel  # noqa: E402
 
@@ -254,6 +254,11 @@ _PANEL_TITLES = {"reward/mean": (f"Training reward (faint: per update; line: mea
 
 
 def _panel_text(key: str) -> tuple[str, str]:
+    """(title, y label) of a panel. A reward panel names its measure in both (issue 27)."""
+    measure = panel_measure(key)
+    if measure is not None:
+        return (f"Training reward, rollouts {measure}\n(faint: per update; line: mean of last {REWARD_WINDOW})",
+                f"mean reward, {measure.split(' (')[0]}")
     if key in _PANEL_TITLES:
         return _PANEL_TITLES[key]
     metric = key.split("/", 1)[1]
@@ -274,7 +279,7 @@ def plot_training(curves: Curves, style: Mapping[str, Style], path: Path, title:
             # later lines thinner, so a line that coincides with an earlier one (a composition's first
             # stage replaying the same-seed run) still shows both colours
             width, size = max(3.0 - 0.5 * i, 1.0), max(6.5 - 1.0 * i, 3.0)
-            if key == "reward/mean":  # per-update values faint, the trailing mean on top
+            if key.startswith(REWARD_KEY):  # per-update values faint, the trailing mean on top
                 ax.plot(s.xs, s.ys, color=st.color, marker=st.marker, markersize=2.5, linewidth=0.8, alpha=0.3)
                 ax.plot(s.xs, trailing_mean(s), color=st.color, linewidth=width, alpha=0.9, label=st.label)
             else:
