@@ -4,6 +4,12 @@ Cheap by design: optional libraries (trl, vllm, ray, ...) are looked up with
 ``importlib.util.find_spec`` and their installed metadata, never imported; the embedded
 model's size is read from its ``config.json`` and the safetensors *header* (shapes only),
 without loading weights.
+
+On a GPU machine it also reports the NVIDIA driver, the CUDA version torch was built for and
+whether that driver can run it (a CUDA 13 torch on a driver older than 580 cannot: torch then
+reports no CUDA device at all). The driver is read from NVML (``pynvml``, when installed), else
+``nvidia-smi`` (with a timeout), else torch's CUDA driver API version. With none of them, and
+no CUDA device visible to torch, the machine has "no GPU".
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ import json
 import math
 import os
 import platform
+import shutil
 import struct
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +33,15 @@ from typing import Any
 _LIBRARIES = (("transformers", "transformers"), ("trl", "trl"), ("math-verify", "math_verify"),
               ("datasets", "datasets"), ("vllm", "vllm"), ("ray", "ray"))
 NOT_INSTALLED = "not installed"
+
+# Minimum Linux driver branch for each CUDA major release under minor-version compatibility:
+# a binary built with any 12.x toolkit runs on a >= 525 driver, any 13.x one on >= 580.
+# Source: NVIDIA, "CUDA Compatibility" > "Minor Version Compatibility", Table 1 ("CUDA Toolkit
+# 11.x, 12.x, and 13.x Driver Version Ranges"),
+# https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html
+MIN_LINUX_DRIVER: dict[int, int] = {11: 450, 12: 525, 13: 580}
+NVIDIA_SMI_TIMEOUT_S = 5.0
+OLDER_DRIVER_HINT = 'see README, "Quick start": the line for older drivers'
 
 
 def _version(dist: str, module: str) -> str:
@@ -69,6 +87,124 @@ def _embedded_info() -> dict[str, Any]:
     return out
 
 
+def _cuda_api_version(value: int) -> str:
+    """CUDA driver API integer (``12040``) as ``"12.4"``."""
+    return f"{value // 1000}.{value % 1000 // 10}"
+
+
+def _text(value: Any) -> str:
+    """NVML strings: ``bytes`` in older pynvml releases, ``str`` in newer ones."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _driver_from_nvml() -> dict[str, Any] | None:
+    """Driver version, its CUDA version and GPU names from NVML, or None without ``pynvml``/NVML."""
+    try:
+        with warnings.catch_warnings():  # the old ``pynvml`` dist warns that it is deprecated
+            warnings.simplefilter("ignore", FutureWarning)
+            import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+            names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                     for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
+    return {"driver": _text(driver), "driver_cuda": _cuda_api_version(int(cuda)),
+            "gpus": [_text(n) for n in names], "source": "nvml"}
+
+
+def _driver_from_nvidia_smi(timeout: float = NVIDIA_SMI_TIMEOUT_S) -> dict[str, Any] | None:
+    """Driver version and GPU names from ``nvidia-smi --query-gpu``, or None when it is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.split(",", 1) for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not rows:
+        return None
+    return {"driver": rows[0][0].strip(), "driver_cuda": None,
+            "gpus": [r[1].strip() for r in rows if len(r) == 2], "source": "nvidia-smi"}
+
+
+def _driver_from_torch(torch: Any) -> dict[str, Any] | None:
+    """The CUDA driver API version through torch (``torch._C._cuda_getDriverVersion``: 0 without a
+    driver, absent from CPU builds); no driver number and no GPU names."""
+    get = getattr(torch._C, "_cuda_getDriverVersion", None)
+    if get is None:
+        return None
+    try:
+        value = int(get())
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    if value <= 0:
+        return None
+    return {"driver": None, "driver_cuda": _cuda_api_version(value), "gpus": [], "source": "torch"}
+
+
+def find_driver(torch: Any) -> dict[str, Any] | None:
+    """The NVIDIA driver this machine has (NVML, else nvidia-smi, else torch), or None: no GPU driver."""
+    return _driver_from_nvml() or _driver_from_nvidia_smi() or _driver_from_torch(torch)
+
+
+def _major(version: str | None) -> int | None:
+    """Leading integer of a dotted version ("580.65.06" -> 580), or None when absent or unparsable."""
+    try:
+        return int(str(version).split(".")[0]) if version else None
+    except ValueError:
+        return None
+
+
+def driver_compatibility(torch_cuda: str | None, driver: str | None,
+                         driver_cuda: str | None) -> dict[str, Any]:
+    """Whether a driver can run torch's CUDA build.
+
+    ``torch_cuda`` is ``torch.version.cuda`` ("13.0"; None for a CPU build), ``driver`` the
+    driver version ("575.57.08"), ``driver_cuda`` the newest CUDA it supports ("12.9"); either
+    may be None. The driver number is compared with :data:`MIN_LINUX_DRIVER` for torch's CUDA
+    major; without it, the driver's CUDA major must reach torch's. Returns
+    ``{"required_driver": int | None, "driver_ok": bool | None}`` (None: cannot tell).
+    """
+    cuda_major = _major(torch_cuda)
+    required = MIN_LINUX_DRIVER.get(cuda_major) if cuda_major is not None else None
+    driver_major, driver_cuda_major = _major(driver), _major(driver_cuda)
+    if cuda_major is None:
+        ok = None
+    elif required is not None and driver_major is not None:
+        ok = driver_major >= required
+    elif driver_cuda_major is not None:
+        ok = driver_cuda_major >= cuda_major
+    else:
+        ok = None
+    return {"required_driver": required, "driver_ok": ok}
+
+
+def device_info(torch: Any) -> dict[str, Any]:
+    """The device part of :func:`info_dict`: ``type`` "cpu" (no GPU) or "cuda" (a driver or a CUDA
+    device is present, usable by torch or not) with the driver and its compatibility."""
+    available = bool(torch.cuda.is_available())
+    drv = find_driver(torch)
+    if drv is None and not available:
+        return {"type": "cpu", "gpu": False, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    drv = drv or {"driver": None, "driver_cuda": None, "gpus": [], "source": None}
+    names = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+             if available else drv["gpus"])
+    return {"type": "cuda", "gpu": True, "cuda": torch.version.cuda, "torch_cuda_available": available,
+            "devices": names, "driver": drv["driver"], "driver_cuda": drv["driver_cuda"],
+            "driver_source": drv["source"],
+            **driver_compatibility(torch.version.cuda, drv["driver"], drv["driver_cuda"])}
+
+
 def info_dict() -> dict[str, Any]:
     """Everything ``esreason info`` reports, as plain data."""
     import torch
@@ -76,11 +212,6 @@ def info_dict() -> dict[str, Any]:
     from esreason import __version__
     from esreason.io.manifest import git_state
 
-    if torch.cuda.is_available():
-        device: dict[str, Any] = {"type": "cuda", "cuda": torch.version.cuda,
-                                  "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
-    else:
-        device = {"type": "cpu", "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     return {
         "esreason": __version__,
         "esreason_path": str(Path(__file__).resolve().parent),
@@ -88,9 +219,28 @@ def info_dict() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "versions": {"torch": torch.__version__, **{d: _version(d, m) for d, m in _LIBRARIES}},
-        "device": device,
+        "device": device_info(torch),
         "embedded": _embedded_info(),
     }
+
+
+def _driver_line(dev: dict[str, Any]) -> str:
+    """The ``driver`` line: driver and torch's CUDA build, and whether they fit."""
+    seen = dev["driver"] or (f"supports CUDA {dev['driver_cuda']}" if dev["driver_cuda"] else "unknown")
+    if dev["driver"] and dev["driver_cuda"]:
+        seen += f" (CUDA {dev['driver_cuda']})"
+    if dev["driver_source"]:
+        seen += f" [{dev['driver_source']}]"
+    if dev["cuda"] is None:
+        return f"{seen}; torch is a CPU build: install a CUDA torch ({OLDER_DRIVER_HINT}, or the [gpu] line)"
+    need = (f"needs driver >= {dev['required_driver']}" if dev["required_driver"]
+            else f"needs a driver for CUDA {_major(dev['cuda'])}")
+    verdict = {True: "ok", False: f"driver too old: upgrade it, or {OLDER_DRIVER_HINT}",
+               None: "compatibility unknown"}[dev["driver_ok"]]
+    line = f"{seen}; torch built for CUDA {dev['cuda']} {need}: {verdict}"
+    if not dev["torch_cuda_available"]:
+        line += " (torch sees no CUDA device)"
+    return line
 
 
 def format_info(info: dict[str, Any]) -> str:
@@ -104,10 +254,11 @@ def format_info(info: dict[str, Any]) -> str:
     lines += [f"{name:<13} {version}" for name, version in info["versions"].items()]
     dev = info["device"]
     if dev["type"] == "cuda":
-        lines.append(f"{'device':<13} cuda {dev['cuda']}: " + ", ".join(
-            f"[{i}] {name}" for i, name in enumerate(dev["devices"])))
+        gpus = ", ".join(f"[{i}] {name}" for i, name in enumerate(dev["devices"])) or "GPU names unknown"
+        lines.append(f"{'device':<13} cuda {dev['cuda'] or '(CPU torch)'}: {gpus}")
+        lines.append(f"{'driver':<13} {_driver_line(dev)}")
     else:
-        lines.append(f"{'device':<13} cpu ({dev['cpu_count']} cores, {dev['torch_threads']} torch threads)")
+        lines.append(f"{'device':<13} no GPU: cpu ({dev['cpu_count']} cores, {dev['torch_threads']} torch threads)")
     emb = info["embedded"]
     if emb["exists"]:
         lines.append(f"{'embedded':<13} {emb['path']}  ({emb.get('model_type')}, {emb['parameters']:,} parameters, "
