@@ -63,7 +63,9 @@ cfg = load_grpo_config(sys.argv[2], ["train.max_steps=2", "checkpoint.every=1", 
                                      "generation.max_new_tokens=48", "grpo.learning_rate=1e-3",
                                      "grpo.use_vllm=true"])
 run_grpo(cfg, out, progress=False)
-names = ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight")
+# down_proj: a linear layer (same name in vLLM, unfused), whose weight vLLM's CPU build may repack
+names = ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight",
+         "model.layers.0.mlp.down_proj.weight")
 def read(model):
     params = dict(model.named_parameters())
     return {n: params[n].detach().to("cpu", torch.float32).clone() for n in names if n in params} | {
@@ -151,4 +153,5 @@ def test_grpo_vllm_engine_samples_from_the_trained_weights(tmp_path):
     # ... not the base it started from (a norm weight near 1 may round to the same bfloat16 value
     # after a 1e-3 step; the embedding's small values do not)
     assert not all(sync["equal_base"].values()) and not sync["equal_base"]["model.embed_tokens.weight"]
+    assert "model.layers.0.mlp.down_proj.weight" in sync["names"]  # a linear layer's weight was compared too
     assert all(v > 0 for v in sync["max_abs_step1_minus_base"].values())

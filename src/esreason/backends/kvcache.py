@@ -105,12 +105,22 @@ class PreallocatedLayer(DynamicLayer):
         return self.length if self.is_initialized else 0
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Keep/reorder batch rows: buffers become [len(beam_idx), H, cap, d]."""
+        """Keep/reorder batch rows: buffers become [len(beam_idx), H, cap, d].
+
+        Only the ``length`` positions written so far are copied (the rest is never read: keys and
+        values are the ``[:length]`` views); compaction mid-decode copies about half the buffer.
+        """
         if self.is_initialized and self._k is not None and self._v is not None:
             idx = beam_idx.to(self._k.device)
-            self._k = self._k.index_select(0, idx)
-            self._v = self._v.index_select(0, idx)
+            self._k = self._select_rows(self._k, idx)
+            self._v = self._select_rows(self._v, idx)
             self._reslice()
+
+    def _select_rows(self, buf: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """[B, H, cap, d] -> [len(idx), H, cap, d] with rows ``idx`` in positions [0, length)."""
+        out = buf.new_empty((idx.numel(), *buf.shape[1:]))
+        torch.index_select(buf[:, :, :self.length], 0, idx, out=out[:, :, :self.length])
+        return out
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.reorder_cache(indices)
