@@ -42,6 +42,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -89,11 +90,15 @@ def _holder_text() -> str:
 
 def _describe_holder(fd: int) -> str:
     """'held by pid P on host H (command C, since T)', or a vaguer phrase when the file says nothing yet."""
-    try:
-        raw = os.pread(fd, 4096, 0)
-        info = json.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "held by another process (pid not recorded yet)"
+    info = None
+    for _ in range(25):  # the holder writes its record right after flock: a racing loser waits briefly for it
+        try:
+            info = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+            break
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            time.sleep(0.01)
+    if info is None:
+        return "held by another process (pid not recorded)"
     if not isinstance(info, dict):
         return "held by another process"
     parts = [f"pid {info.get('pid')}", f"on host {info.get('host')}"]
