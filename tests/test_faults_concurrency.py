@@ -247,3 +247,29 @@ def test_one_simultaneous_pair_of_train_es_and_of_eval(es_refs, tmp_path):
 def test_twenty_simultaneous_pairs_of_each_command(es_refs, tmp_path):
     """train es, eval and experiment run: 20 barrier-released pairs each (about 15 minutes on 2 cores)."""
     _run_and_check(PAIRS, KINDS, tmp_path, es_refs)
+
+
+@pytest.mark.parametrize("rank, refused", [(0, True), (1, False)])
+def test_only_grpo_rank_0_takes_the_run_directory_lock(tmp_path, monkeypatch, rank, refused):
+    """Under accelerate only the main process locks; the other ranks never wait on (or fail at) it."""
+    import esreason.grpo.run as grpo_run
+
+    d = tmp_path / "run"
+    calls = []
+    monkeypatch.setattr(grpo_run, "_run_grpo", lambda cfg, out, **kw: calls.append(out) or "trained")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", str(rank))
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom esreason.io.lock import directory_lock\n"
+                               f"with directory_lock({str(d)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        if refused:
+            with pytest.raises(DirectoryLocked, match=f"pid {holder.pid}"):
+                grpo_run.run_grpo(None, d)
+            assert calls == []
+        else:
+            assert grpo_run.run_grpo(None, d) == "trained" and calls == [d]
+    finally:
+        holder.kill()
+        holder.wait()

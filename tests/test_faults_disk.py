@@ -227,3 +227,24 @@ def test_cli_turns_a_library_enospc_into_one_line(monkeypatch, tmp_path):
                        "--output", str(tmp_path / "out"), "--no-progress"])
     one_line_error(rc, err, "lib.bin")
     assert "disk full writing" in err and "free there" in err
+
+
+def test_torch_saves_errno_less_failure_on_a_full_disk_is_one_line(monkeypatch, tmp_path):
+    """torch.save (TRL's optimizer state) names no errno; on a nearly full file system it is a full disk."""
+    from fault_helpers import run_cli
+
+    import esreason.eval.harness as harness
+    import esreason.io.space as space
+
+    def torch_save_failed(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    monkeypatch.setattr(harness, "_evaluate_locked", torch_save_failed)
+    argv = ["eval", "--model", "demo", "--tasks", "demo-add", "--samples", "1", "--limit", "1",
+            "--output", str(tmp_path / "out"), "--no-progress"]
+    monkeypatch.setattr(space, "free_bytes", lambda path: 4096)  # a full file system
+    rc, err = run_cli(argv)
+    one_line_error(rc, err, str(tmp_path / "out"))
+    monkeypatch.setattr(space, "free_bytes", lambda path: 10 << 30)  # plenty of space: a genuine bug, raised
+    with pytest.raises(RuntimeError, match="inline_container"):
+        run_cli(argv)

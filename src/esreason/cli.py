@@ -123,17 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _disk_full(exc: Exception, args: argparse.Namespace) -> UserError | None:
     """The one-line error for ``ENOSPC``/``EDQUOT`` raised where no writer of ours caught it (a
-    library's own file, TensorBoard's event file): the file when the error names it, else the
-    command's output directory; None for any other exception."""
-    from esreason.io.space import disk_full, find_disk_full, is_disk_full
+    library's own file, TensorBoard's event file, torch.save's errno-less failure on a full file
+    system): the file when the error names it, else the command's output directory; None for any
+    other exception."""
+    from esreason.io.space import disk_full, find_disk_full, is_disk_full, torch_write_on_full_disk
 
-    if not is_disk_full(exc):
-        return None
     known = find_disk_full(exc)
     if known is not None:
         return known
-    where = getattr(exc, "filename", None) or getattr(args, "output", None) or getattr(args, "out", None) or "."
-    return disk_full(where, None, exc)
+    output = getattr(args, "output", None) or getattr(args, "out", None) or "."
+    if not (is_disk_full(exc) or torch_write_on_full_disk(exc, output)):
+        return None
+    return disk_full(getattr(exc, "filename", None) or output, None, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

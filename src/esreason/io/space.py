@@ -49,6 +49,21 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
+#: torch.save's failed write names no errno: "[enforce fail at inline_container.cc:...] unexpected pos ..."
+_TORCH_WRITE = re.compile(r"inline_container\.cc|PytorchStreamWriter failed writing")
+#: below this much free space a torch.save write failure is taken for a full disk
+NEARLY_FULL = 1 << 20
+
+
+def torch_write_on_full_disk(exc: BaseException, where: str | os.PathLike[str]) -> bool:
+    """Whether ``exc`` is torch.save's errno-less write failure (TRL's ``optimizer.pt``, ...) while the file
+    system of ``where`` has less than :data:`NEARLY_FULL` bytes free: a full disk in all but name."""
+    if not any(_TORCH_WRITE.search(str(e)) for e in _chain(exc)):
+        return False
+    free = free_bytes(where)
+    return free is not None and free < NEARLY_FULL
+
+
 def find_disk_full(exc: BaseException) -> DiskFull | None:
     """The :class:`DiskFull` already raised somewhere in ``exc``'s chain, if any."""
     return next((e for e in _chain(exc) if isinstance(e, DiskFull)), None)
@@ -102,5 +117,5 @@ def directory_bytes(path: str | os.PathLike[str]) -> int:
     return total
 
 
-__all__ = ["DISK_FULL_ERRNOS", "directory_bytes", "disk_full", "find_disk_full", "free_bytes", "is_disk_full",
-           "tensor_bytes"]
+__all__ = ["DISK_FULL_ERRNOS", "NEARLY_FULL", "directory_bytes", "disk_full", "find_disk_full", "free_bytes",
+           "is_disk_full", "tensor_bytes", "torch_write_on_full_disk"]
