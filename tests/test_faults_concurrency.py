@@ -244,6 +244,7 @@ def test_one_simultaneous_pair_of_train_es_and_of_eval(es_refs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_twenty_simultaneous_pairs_of_each_command(es_refs, tmp_path):
     """train es, eval and experiment run: 20 barrier-released pairs each (about 15 minutes on 2 cores)."""
     _run_and_check(PAIRS, KINDS, tmp_path, es_refs)
@@ -273,3 +274,21 @@ def test_only_grpo_rank_0_takes_the_run_directory_lock(tmp_path, monkeypatch, ra
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_file_system_without_flock_warns_once_and_runs_unlocked(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import esreason.io.lock as lock
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(lock.fcntl, "flock", no_locks)
+    d = tmp_path / "nfs-nolock"
+    with directory_lock(d):
+        with directory_lock(d):  # re-entry still counted
+            (d / "metrics.jsonl").write_text("")
+    err = capsys.readouterr().err
+    assert err.count("esreason: warning: cannot lock") == 1 and "No locks available" in err
+    assert (d / "metrics.jsonl").exists() and not (d / LOCK_FILE).exists()

@@ -164,9 +164,9 @@ def _acquire(directory: Path, what: str) -> _Held:
 
 
 def _release(directory: Path, held: _Held) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(held.lock_path)  # still holding the lock (see the module docstring); unlocked: nothing to keep
     if held.fd is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(held.lock_path)  # still holding the lock: see the module docstring
         os.close(held.fd)
     if held.created:
         with contextlib.suppress(OSError):
