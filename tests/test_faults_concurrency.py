@@ -112,8 +112,6 @@ def _other_process_locks(d: Path) -> None:
 
 
 def test_a_lock_file_is_not_content(tmp_path):
-    from esreason.experiments.sweep import is_finished  # noqa: F401  (sweep uses has_content)
-
     (tmp_path / LOCK_FILE).write_text("{}")
     assert not has_content(tmp_path)
     (tmp_path / "metrics.jsonl").write_text("")
