@@ -126,6 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _disk_full(exc: Exception, args: argparse.Namespace) -> UserError | None:
+    """The one-line error for ``ENOSPC``/``EDQUOT`` raised where no writer of ours caught it (a
+    library's own file, TensorBoard's event file, torch.save's errno-less failure on a full file
+    system): the file when the error names it, else the command's output directory; None for any
+    other exception."""
+    from esreason.io.space import disk_full, find_disk_full, is_disk_full, torch_write_on_full_disk
+
+    known = find_disk_full(exc)
+    if known is not None:
+        return known
+    output = getattr(args, "output", None) or getattr(args, "out", None) or "."
+    if not (is_disk_full(exc) or torch_write_on_full_disk(exc, output)):
+        return None
+    return disk_full(getattr(exc, "filename", None) or output, None, exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
@@ -134,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"esreason: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a full disk anywhere (a library's own write) is one line too, not a traceback
+        full = _disk_full(exc, args)
+        if full is None:
+            raise
+        print(f"esreason: error: {full}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("esreason: interrupted", file=sys.stderr)

@@ -113,7 +113,16 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
 
     ``resume``: continue from the newest intact checkpoint (damaged newer ones are named in a
     warning, docs/faults.md); ``resume_from``: from ``checkpoints/step_{resume_from}`` (implies resume).
+    The run directory's lock (:mod:`esreason.io.lock`) is held from before the first check to the end.
     """
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(output, what="run directory"):
+        return _run_es(cfg, Path(output), resume=resume, progress=progress, resume_from=resume_from)
+
+
+def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resume_from: int | None) -> TrainResult:
+    """:func:`run_es` under the run directory's lock."""
     from esreason import tasks, verifiers
     from esreason.backends.hf import HFPolicy, load_model, resolve_model_path
     from esreason.backends.sampling import Sampler

@@ -158,6 +158,7 @@ class ESTrainer:
 
     def save_checkpoint(self, steps_done: int) -> Path:
         from esreason.io import atomic_directory
+        from esreason.io.space import tensor_bytes
         from esreason.io.verify import checksum_manifest
 
         self.wait_reference()
@@ -172,7 +173,9 @@ class ESTrainer:
             "train_seed": self.cfg.train.seed,
             "rng": "all randomness is derived from (train.seed, step); see esreason.es.population",
         }
-        with atomic_directory(final, marker_text=checksum_manifest) as tmp:  # COMPLETE: sha256 of every file
+        model = getattr(self.policy, "model", None)
+        size = tensor_bytes(model.state_dict().values()) if model is not None else None  # for a full disk's error
+        with atomic_directory(final, marker_text=checksum_manifest, expected_bytes=size) as tmp:  # COMPLETE: sha256s
             self.policy.save(tmp)
             (Path(tmp) / ES_STATE_FILE).write_text(json.dumps(state, indent=2))
         self._prune_checkpoints()

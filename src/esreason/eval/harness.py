@@ -250,6 +250,21 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
     out_dir = Path(output_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"output {out_dir} exists and is not a directory")
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out_dir, what="evaluation directory"):  # before the model loads: a second writer fails at once
+        return _evaluate_locked(model, names, problems, sources, out_dir, protocol, ks, backend=backend,
+                                engines=engines, batch_size=batch_size, dtype=dtype, device=device, limit=limit,
+                                data_dir=data_dir, split=split, progress=progress,
+                                boot=(ci_resamples, ci_level), suite=suite)
+
+
+def _evaluate_locked(model: Any, names: list[str], problems: dict[str, list[Problem]],
+                     sources: dict[str, str | None], out_dir: Path, protocol: Protocol, ks: tuple[int, ...], *,
+                     backend: str, engines: int, batch_size: int, dtype: str, device: str | None,
+                     limit: int | None, data_dir: str | Path | None, split: str, progress: bool,
+                     boot: tuple[int, float], suite: str | None) -> Summary:
+    """:func:`evaluate` under the evaluation directory's lock: load the sampler, answer, summarise."""
     generator, tokenizer, model_info = _backend_generator(model, backend, engines, batch_size=batch_size,
                                                           dtype=dtype, device=device)
     try:
@@ -257,7 +272,7 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
         sampler = {"backend": backend, "engines": engines}
         return _evaluate(generator, tokenizer, model_info, names, problems, sources, out_dir, protocol, ks,
                          rows=rows, sampler=sampler, limit=limit, data_dir=data_dir, split=split,
-                         progress=progress, boot=(ci_resamples, ci_level), suite=suite)
+                         progress=progress, boot=boot, suite=suite)
     finally:
         close = getattr(generator, "close", None)
         if backend == "vllm" and callable(close):

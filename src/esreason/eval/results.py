@@ -159,13 +159,14 @@ class ResponsesFile:
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         repair_tail(self.path)
-        with open(self.path, "a", encoding="utf-8") as fh:
+        from esreason.io.metrics import append_line
+
+        with open(self.path, "ab", buffering=0) as fh:  # a row that fills the disk is cut back (DiskFull)
             for rec in records:
                 for line in rec.lines():
                     if (line.greedy, line.sample) in self._by_problem.get(line.problem_id, {}):
                         continue
-                    fh.write(line.to_json() + "\n")
-                    fh.flush()
+                    append_line(fh, self.path, line.to_json())
                     self._by_problem.setdefault(line.problem_id, {})[(line.greedy, line.sample)] = line
             os.fsync(fh.fileno())
 

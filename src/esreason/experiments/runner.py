@@ -185,12 +185,22 @@ class ExperimentResult:
 
 def run_experiment(spec: ExperimentSpec, output: str | Path, *, progress: bool = True,
                    report: bool = True, log: Any = print) -> ExperimentResult:
-    """Train the missing methods of ``spec``, evaluate all of them and write ``experiment.json``."""
-    from esreason.io.atomic import atomic_write_json, atomic_write_text
+    """Train the missing methods of ``spec``, evaluate all of them and write ``experiment.json``.
+
+    Holds the experiment directory's lock throughout; its runs and evaluations take their own
+    (:mod:`esreason.io.lock`)."""
+    from esreason.io.lock import directory_lock
 
     exp = Path(output)
     if exp.exists() and not exp.is_dir():
         raise UserError(f"experiment output {exp} exists and is not a directory")
+    with directory_lock(exp, what="experiment directory"):
+        return _run_experiment(spec, exp, progress=progress, report=report, log=log)
+
+
+def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: bool, log: Any) -> ExperimentResult:
+    from esreason.io.atomic import atomic_write_json, atomic_write_text
+
     check_same_spec(exp, spec)
     exp.mkdir(parents=True, exist_ok=True)
     atomic_write_text(exp / SPEC_FILE, yaml.safe_dump(_plain(spec.raw), sort_keys=False, allow_unicode=True))

@@ -211,11 +211,18 @@ def _recorded_start_hash(run_dir: Path) -> str | None:
 
 
 def run_sequence(plan: SequencePlan, output: str | Path, *, progress: bool = True) -> SequenceResult:
-    """Run both stages into ``output`` (resumable: finished stages are skipped)."""
+    """Run both stages into ``output`` (resumable: finished stages are skipped), holding the
+    sequence directory's lock; each stage's run takes its own (:mod:`esreason.io.lock`)."""
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(output, what="sequence directory"):
+        return _run_sequence(plan, Path(output), progress)
+
+
+def _run_sequence(plan: SequencePlan, out: Path, progress: bool) -> SequenceResult:
     from esreason.io.atomic import atomic_write_json
     from esreason.io.hashing import hash_directory_safetensors
 
-    out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"kind": "esreason-sequence", "stages": [s.method for s in plan.stages],
                               "total_updates": plan.total_updates,

@@ -328,7 +328,9 @@ def train_point(point: SweepPoint, progress: bool) -> str:
 
     if is_finished(point):
         return "skipped"
-    resume = point.run_dir.exists() and any(point.run_dir.iterdir())
+    from esreason.io.lock import has_content
+
+    resume = has_content(point.run_dir)  # a lock file left by a killed run is not a run
     result = run_es(point.cfg, point.run_dir, resume=resume, progress=progress)
     atomic_write_json(point.run_dir / DONE_FILE, {"steps": result.steps, "config": to_dict(point.cfg),
                                                   "final_checkpoint": str(result.final_checkpoint)})
@@ -410,7 +412,15 @@ class SweepResult:
 
 
 def run_sweep(plan: SweepPlan, *, progress: bool = True, log: Any = print) -> SweepResult:
-    """Train every value of ``plan`` (skip/resume), then write tables, plot and JSON."""
+    """Train every value of ``plan`` (skip/resume), then write tables, plot and JSON, holding the sweep
+    directory's lock (each point's run takes its own; :mod:`esreason.io.lock`)."""
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(plan.output, what="sweep directory"):
+        return _run_sweep(plan, progress, log)
+
+
+def _run_sweep(plan: SweepPlan, progress: bool, log: Any) -> SweepResult:
     from esreason.io import atomic_write_json, atomic_write_text
 
     spec, out = plan.spec, plan.output

@@ -228,8 +228,20 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
     ``resume``: from the newest intact checkpoint (docs/faults.md); ``resume_from``: from step_N.
 
     Runs as one process, or as one of P processes under ``accelerate launch`` (module
-    :mod:`esreason.grpo.distributed`): the batch plan is global, only the main process writes.
+    :mod:`esreason.grpo.distributed`): the batch plan is global, only the main process writes, and
+    only it holds the run directory's lock (:mod:`esreason.io.lock`): when another command holds
+    it, the main process fails at once and the launcher stops the others.
     """
+    from esreason.io.lock import directory_lock
+
+    lock = directory_lock(output, what="run directory") if Processes.from_env().is_main else nullcontext()
+    with lock:
+        return _run_grpo(cfg, Path(output), resume=resume, progress=progress, resume_from=resume_from)
+
+
+def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
+              resume_from: int | None) -> GRPOResult:
+    """:func:`run_grpo` under the run directory's lock (main process)."""
     from esreason import tasks, verifiers
     from esreason.backends.hf import load_model
     from esreason.backends.sampling import Sampler
@@ -239,6 +251,7 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
     from esreason.grpo.reward import TaskReward
     from esreason.grpo.trainer import PaperGRPOTrainer, build_trl_args, check_trl_version, make_grpo_config
     from esreason.io import MetricsLogger, RunDir, atomic_directory, progress_bar
+    from esreason.io.space import tensor_bytes
     from esreason.io.verify import checksum_manifest
 
     check_trl_version()
@@ -284,7 +297,8 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
         wrapped = wrapped_model if wrapped_model is not None else trainer.model_wrapped
         state_dict = full_state_dict(trainer.accelerator, wrapped)  # collective: every process
         if procs.is_main:
-            with atomic_directory(final, marker_text=checksum_manifest) as tmp:  # COMPLETE: sha256 of every file
+            size = tensor_bytes(state_dict.values()) if state_dict else None  # for a full disk's error
+            with atomic_directory(final, marker_text=checksum_manifest, expected_bytes=size) as tmp:  # COMPLETE
                 cb.write_hf_checkpoint(Path(tmp), model, tokenizer, grpo_state, state_dict=state_dict,
                                       save_dtype=save_dtype)
             if cfg.checkpoint.keep_last is not None:

@@ -8,7 +8,12 @@ never a result: readers skip it and :func:`clean_stale_tmp` deletes
 what a killed process left behind.
 
 Not supported: two processes writing the same destination at the same time (the last
-rename wins; both temporaries are cleaned up).
+rename wins; both temporaries are cleaned up). Commands never do: each holds its output
+directory's lock (:mod:`esreason.io.lock`).
+
+A full disk (``ENOSPC``/``EDQUOT``, :mod:`esreason.io.space`) during any of these writes removes
+the temporary and raises :class:`esreason.errors.DiskFull` (one line: the path, the bytes it
+tried to write, the free space); the previous version of the destination is untouched.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from esreason.io.space import directory_bytes, disk_full, find_disk_full, is_disk_full
 
 TMP_PREFIX = ".tmp-"
 COMPLETE_MARKER = "COMPLETE"
@@ -122,9 +129,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, Exception) and is_disk_full(exc):
+            raise disk_full(path, len(data), exc) from exc
         raise
     finally:
         with _in_flight_lock:
@@ -168,7 +177,8 @@ def _exchange(a: Path, b: Path) -> bool:
 
 @contextlib.contextmanager
 def atomic_directory(final_dir: str | Path, *, marker: str | None = COMPLETE_MARKER,
-                     marker_text: Callable[[Path], str] | None = None) -> Iterator[Path]:
+                     marker_text: Callable[[Path], str] | None = None,
+                     expected_bytes: int | None = None) -> Iterator[Path]:
     """Yield a fresh temp directory beside ``final_dir``; on clean exit it becomes ``final_dir``.
 
     On clean exit: every file is fsynced, the ``marker`` file (default ``COMPLETE``) is
@@ -179,6 +189,9 @@ def atomic_directory(final_dir: str | Path, *, marker: str | None = COMPLETE_MAR
 
     ``marker_text(tmp)``: the marker's content, computed after every other file is written
     (checkpoints pass :func:`esreason.io.verify.checksum_manifest`: the sha256 of every file).
+
+    ``expected_bytes``: about how much the body writes (a checkpoint: its tensors), reported when
+    the disk fills (:class:`esreason.errors.DiskFull`; otherwise the bytes written before it did).
 
     On an exception (including KeyboardInterrupt) the temp directory is removed and the
     exception propagates. A killed process leaves only a ``.tmp-*`` directory, which
@@ -220,8 +233,11 @@ def atomic_directory(final_dir: str | Path, *, marker: str | None = COMPLETE_MAR
         else:
             os.replace(tmp, final)
             _fsync_path(final.parent)
-    except BaseException:
+    except BaseException as exc:
+        written = directory_bytes(tmp) if isinstance(exc, Exception) and is_disk_full(exc) else 0
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and is_disk_full(exc) and find_disk_full(exc) is None:
+            raise disk_full(final, max(expected_bytes or 0, written) or None, exc) from exc
         raise
     finally:
         with _in_flight_lock:

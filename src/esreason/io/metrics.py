@@ -15,6 +15,7 @@ and one warning names the file and the updates whose rows are missing (docs/faul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import numbers
 import os
@@ -97,6 +98,27 @@ def truncate_metrics(path: str | Path, max_step: int, *, lenient: bool = False) 
     if text.encode("utf-8") != p.read_bytes():
         atomic_write_text(p, text)
     return len(rows) - len(kept) + int(torn) + bad
+
+
+def append_line(fh: Any, path: Path, line: str) -> None:
+    """Append ``line`` + newline to the unbuffered binary file ``fh`` (``path``) with as few writes
+    as the OS allows. On a full disk the file is cut back to its previous size (no partial row)
+    and :class:`esreason.errors.DiskFull` names it."""
+    from esreason.io.space import disk_full, is_disk_full
+
+    data = (line + "\n").encode("utf-8")
+    start = fh.seek(0, os.SEEK_END)
+    try:
+        view = memoryview(data)
+        while view:
+            n = fh.write(view)
+            view = view[n:]
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        with contextlib.suppress(OSError):
+            os.ftruncate(fh.fileno(), start)
+        raise disk_full(path, len(data), exc) from exc
 
 
 def _repair_tail(path: Path) -> None:
@@ -189,7 +211,7 @@ class MetricsLogger:
             truncate_metrics(self.path, truncate_after, lenient=True)
             _warn_missing_rows(self.path, truncate_after)
         _repair_tail(self.path)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "ab", buffering=0)  # one os.write per row: a failed one is cut back
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -208,9 +230,7 @@ class MetricsLogger:
         if self._fh.closed:
             raise ValueError(f"MetricsLogger for {self.path} is closed")
         step = int(step)
-        line = to_json({"step": step, **metrics})
-        self._fh.write(line + "\n")
-        self._fh.flush()
+        append_line(self._fh, self.path, to_json({"step": step, **metrics}))
         if self._tb is not None:
             for key, value in metrics.items():
                 v = _scalar(value)
@@ -233,8 +253,12 @@ class MetricsLogger:
     def __enter__(self) -> "MetricsLogger":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        with contextlib.suppress(Exception):  # e.g. TensorBoard's flush on a full disk: keep the first error
+            self.close()
 
 
 __all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLogger", "read_metrics", "truncate_metrics"]

@@ -11,7 +11,8 @@ never modifies it.
 A checkpoint counts only when it is complete: a ``checkpoints/step_N`` directory (N
 written without leading zeros) holding the ``COMPLETE`` marker that
 :func:`esreason.io.atomic_directory` writes last. ``.tmp-*`` leftovers of killed writes
-and unmarked directories are ignored.
+and unmarked directories are ignored, and so is ``.esreason-lock`` (the one-writer lock of
+:mod:`esreason.io.lock`; a killed command may leave the file behind, meaning nothing).
 """
 
 from __future__ import annotations

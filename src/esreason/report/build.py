@@ -137,6 +137,15 @@ def build_report(directory: str | Path, out: str | Path | None = None, *, pareto
     out_dir = Path(out) if out is not None else exp.root / "report"
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"report output {out_dir} exists and is not a directory")
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out_dir, what="report directory"):  # reads need no lock; one writer per report
+        return _write_report(exp, out_dir, pareto_k=pareto_k, large_ks=large_ks, figures=figures)
+
+
+def _write_report(exp: Any, out_dir: Path, *, pareto_k: int | None, large_ks: Sequence[int] | None,
+                  figures: bool) -> ReportResult:
+    """:func:`build_report` under the report directory's lock."""
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = compute(exp, pareto_k, large_ks)
     files, fig_notes = draw_figures(exp, parts, out_dir) if figures else ({}, ["figures not drawn (--no-figures)"])

@@ -20,8 +20,11 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     rows = load_coverage_rows(args.run)
     out = Path(args.out) if args.out else Path(args.run) / "plots" / "coverage"
     tables, payload = coverage_report(rows, args.run)
-    paths = list(emit(out, "coverage", tables, payload).values())
-    paths += plot_coverage(rows, out, f"Coverage diagnostics: {Path(args.run).name}")
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out, what="analysis output"):  # one writer per output directory
+        paths = list(emit(out, "coverage", tables, payload).values())
+        paths += plot_coverage(rows, out, f"Coverage diagnostics: {Path(args.run).name}")
     print(dumps(payload) if args.json else render_markdown(tables))
     print("wrote: " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
@@ -40,8 +43,11 @@ def cmd_lemma1(args: argparse.Namespace) -> int:
     res = run_lemma1(settings, progress=not args.no_progress)
     out = Path(args.out)
     table = lemma1_report(res)
-    paths = list(emit(out, "lemma1", [table], res).values())
-    paths.append(plot_lemma1(res, out / "lemma1.png"))
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out, what="analysis output"):  # one writer per output directory
+        paths = list(emit(out, "lemma1", [table], res).values())
+        paths.append(plot_lemma1(res, out / "lemma1.png"))
     print(dumps(res) if args.json else render_markdown([table]))
     print("wrote: " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0

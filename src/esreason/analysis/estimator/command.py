@@ -52,9 +52,12 @@ def _cmd_estimator(args: argparse.Namespace) -> int:
     result = run_diagnostic(settings, progress=not args.no_progress)
     tables, payload = estimator_report(result)
     out = Path(args.out) if args.out else DEFAULT_OUT
-    paths = list(write_outputs(out, "estimator", tables, payload).values())
-    paths.append(plot_kappas(result, out / "estimator_kappa.png"))
-    paths.append(save_observations(result, out / "estimator_observations.npz"))
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out, what="analysis output"):  # one writer per output directory
+        paths = list(write_outputs(out, "estimator", tables, payload).values())
+        paths.append(plot_kappas(result, out / "estimator_kappa.png"))
+        paths.append(save_observations(result, out / "estimator_observations.npz"))
     print_result(args, tables, payload, paths)
     return 0
 

@@ -71,7 +71,9 @@ def run_restore_ablation(config: str | None, overrides: Sequence[str], steps: in
     if steps < 1:
         raise UserError(f"--steps must be >= 1 (got {steps})")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
+    from esreason.io.lock import has_content
+
+    if has_content(out):  # its own lock file (held by the command) is not content
         raise UserError(f"--out {out} is not empty; the ablation writes fresh runs (choose another directory)")
     common = [*overrides, f"train.max_steps={steps}", "checkpoint.every=0"]
     for item in overrides:

@@ -72,10 +72,13 @@ def _cmd_drift(args: argparse.Namespace) -> int:
                            chunk_elems=args.chunk_elems, progress=progress)
     tables, payload = drift_report(tuned, ref)
     out = _out(args, "drift")
-    paths = list(emit(out, "drift", tables, payload).values())
-    hists = {pa.label: (pa.drift.hist_edges, pa.drift.hist_counts) for pa in ([ref] if ref else []) + [tuned]}
-    paths.append(plot_update_histogram(hists, taus, out / "drift_hist.png",
-                                       title=f"|Δθ| of {args.label}" + (f" and {args.ref_label}" if ref else "")))
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out, what="analysis output"):  # one writer per output directory
+        paths = list(emit(out, "drift", tables, payload).values())
+        hists = {pa.label: (pa.drift.hist_edges, pa.drift.hist_counts) for pa in ([ref] if ref else []) + [tuned]}
+        paths.append(plot_update_histogram(hists, taus, out / "drift_hist.png",
+                                           title=f"|Δθ| of {args.label}" + (f" and {args.ref_label}" if ref else "")))
     print_result(args, tables, payload, paths)
     return 0
 
@@ -123,17 +126,20 @@ def _cmd_threshold(args: argparse.Namespace) -> int:
     if args.samples < 1:
         raise UserError(f"--samples must be >= 1 (got {args.samples})")
     out = Path(args.out)
-    rows = run_sweep(args.base, args.tuned, taus, settings, out, keep_checkpoints=args.keep_checkpoints,
-                     chunk_elems=args.chunk_elems, progress=not args.no_progress)
-    table = sweep_table(rows, settings, args.label)
-    payload = sweep_payload(rows, settings, args.base, args.tuned)
-    paths = list(emit(out, "threshold_sweep", [table], payload).values())
-    base_row = rows[-1]
-    points = [(100 * r.sparsity, 100 * (r.pass1 or 0.0), "full" if r.tau is None else f"τ={r.label}")
-              for r in rows[:-1]]
-    paths.append(plot_threshold_sweep(points, None if base_row.pass1 is None else 100 * base_row.pass1,
-                                      out / "threshold_sweep.png",
-                                      title=f"Pass@1 vs update sparsity ({args.suite or args.tasks})"))
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out, what="analysis output"):  # one writer per output directory
+        rows = run_sweep(args.base, args.tuned, taus, settings, out, keep_checkpoints=args.keep_checkpoints,
+                         chunk_elems=args.chunk_elems, progress=not args.no_progress)
+        table = sweep_table(rows, settings, args.label)
+        payload = sweep_payload(rows, settings, args.base, args.tuned)
+        paths = list(emit(out, "threshold_sweep", [table], payload).values())
+        base_row = rows[-1]
+        points = [(100 * r.sparsity, 100 * (r.pass1 or 0.0), "full" if r.tau is None else f"τ={r.label}")
+                  for r in rows[:-1]]
+        paths.append(plot_threshold_sweep(points, None if base_row.pass1 is None else 100 * base_row.pass1,
+                                          out / "threshold_sweep.png",
+                                          title=f"Pass@1 vs update sparsity ({args.suite or args.tasks})"))
     print_result(args, [table], payload, paths)
     return 0
 
@@ -158,10 +164,13 @@ def _cmd_localize(args: argparse.Namespace) -> int:
                            chunk_elems=args.chunk_elems, progress=progress)
     tables, payload = localize_report(tuned, ref, show=args.show)
     out = _out(args, "localize")
-    paths = list(emit(out, "localize", tables, payload).values())
-    rows = ([ref] if ref else []) + [tuned]
-    paths.append(plot_category_counts(category_panels(rows), out / "localize_categories.png",
-                                      title="Where the largest updates are"))
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out, what="analysis output"):  # one writer per output directory
+        paths = list(emit(out, "localize", tables, payload).values())
+        rows = ([ref] if ref else []) + [tuned]
+        paths.append(plot_category_counts(category_panels(rows), out / "localize_categories.png",
+                                          title="Where the largest updates are"))
     print_result(args, tables, payload, paths)
     return 0
 
@@ -181,10 +190,13 @@ def _cmd_rounding(args: argparse.Namespace) -> int:
                                      chunk_elems=args.chunk_elems, progress=progress))
     tables, payload = rounding_report(pairs)
     out = _out(args, "rounding")
-    paths = list(emit(out, "rounding", tables, payload).values())
-    panels = {"lattice steps between θ0 and θ (changed coordinates)":
-              {pa.label: pa.rounding.distance_buckets() for pa in pairs}}
-    paths.append(plot_category_counts(panels, out / "rounding_lattice.png", title="Rounding attribution"))
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out, what="analysis output"):  # one writer per output directory
+        paths = list(emit(out, "rounding", tables, payload).values())
+        panels = {"lattice steps between θ0 and θ (changed coordinates)":
+                  {pa.label: pa.rounding.distance_buckets() for pa in pairs}}
+        paths.append(plot_category_counts(panels, out / "rounding_lattice.png", title="Rounding attribution"))
     print_result(args, tables, payload, paths)
     return 0
 
@@ -198,12 +210,15 @@ def _cmd_restore_ablation(args: argparse.Namespace) -> int:
 
     taus = parse_taus(args.taus)
     out = Path(args.out)
-    analyses, endpoint, info = run_restore_ablation(args.config, args.set or [], args.steps, out, taus=taus,
-                                                    topk=_topk(args.topk), with_null=args.with_null,
-                                                    progress=not args.no_progress)
-    tables, payload = ablation_report(analyses, endpoint, info)
-    paths = list(emit(out, "restore_ablation", tables, payload).values())
-    paths += ablation_figures(analyses, out, "restore_ablation")
+    from esreason.io.lock import directory_lock
+
+    with directory_lock(out, what="analysis output"):  # one writer per output directory
+        analyses, endpoint, info = run_restore_ablation(args.config, args.set or [], args.steps, out, taus=taus,
+                                                        topk=_topk(args.topk), with_null=args.with_null,
+                                                        progress=not args.no_progress)
+        tables, payload = ablation_report(analyses, endpoint, info)
+        paths = list(emit(out, "restore_ablation", tables, payload).values())
+        paths += ablation_figures(analyses, out, "restore_ablation")
     print_result(args, tables, payload, paths)
     return 0
 
