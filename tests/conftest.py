@@ -16,6 +16,40 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# --- the fast subset (issue 27): `python -m pytest --fast` ---------------------------------------
+# Test files whose module fixtures train runs, launch CLI subprocesses, start Ray or evaluate at
+# the demo's size carry `pytestmark = pytest.mark.heavy`. `--fast` deselects them: the edit-test
+# loop over everything else (README, "Tests"). The full run is still the README's command.
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="esreason: deselect test files marked heavy (the edit-test loop; README)")
+
+
+#: Test files that take longest on one worker (measured, README "Tests"), started first: with test
+#: files spread over workers (pytest-xdist, --dist loadfile) the suite's wall time is at least its
+#: longest file, and a long file started last runs alone at the end.
+LONGEST_FIRST = ("test_es_improves.py", "test_es_train.py", "test_grpo_run.py", "test_grpo_multiprocess.py",
+                 "test_vllm_eval.py", "test_seeds.py", "test_ray_sharded.py")
+
+
+def _longest_first(items: list) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_collection_modifyitems(config, items):
+    _longest_first(items)
+    if not config.getoption("--fast"):
+        return
+    keep = [item for item in items if item.get_closest_marker("heavy") is None]
+    dropped = [item for item in items if item.get_closest_marker("heavy") is not None]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A randomly initialised tiny Qwen2 (char tokenizer) saved as an HF directory.

@@ -21,6 +21,8 @@ from esreason.analysis.estimator.stats import pooled_stats
 from esreason.analysis.estimator.run import run_diagnostic, weights_digest
 from esreason.errors import UserError
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 FIXTURES = Path(__file__).parent / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = dict(directions=2, reward_prompts=4, reward_seeds=2, rollout_prompts=4, rollout_seeds=2, ce_examples=8,

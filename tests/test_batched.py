@@ -21,6 +21,8 @@ from esreason.es.population import draw_population
 from esreason.es_loop.run import run_es
 from esreason.io.hashing import hash_directory_safetensors
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def demo():

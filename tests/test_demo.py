@@ -10,6 +10,8 @@ import pytest
 
 from esreason.cli import main
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
@@ -100,7 +102,7 @@ def test_default_outputs_differ_per_kind_of_demo():
 
 def test_full_demo_after_quick_demo_just_works(quick_demo, monkeypatch, capsys):
     """Issue 27: ``esreason demo --quick`` then ``esreason demo``, no flag added, both exit 0. The full
-    demo's spec is shortened here (the quick budgets plus one update, so it differs from the quick
+    demo's spec is shortened here (the quick budgets with 4 updates instead of 2, so it differs from the quick
     spec the way the real full spec does); its default directory is ``runs/demo``."""
     import esreason.demo as demo
 
@@ -109,7 +111,7 @@ def test_full_demo_after_quick_demo_just_works(quick_demo, monkeypatch, capsys):
     original = demo.demo_spec
 
     def short_full(quick=False, extra=(), seeds=1):
-        return original(False, extra=demo.QUICK_OVERRIDES + ("updates=1",) + tuple(extra), seeds=seeds) \
+        return original(False, extra=demo.QUICK_OVERRIDES + ("updates=4",) + tuple(extra), seeds=seeds) \
             if not quick else original(True, extra=extra, seeds=seeds)
 
     monkeypatch.setattr(demo, "demo_spec", short_full)

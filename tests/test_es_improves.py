@@ -28,7 +28,7 @@ def demo_config(extra: tuple[str, ...] = ()):
 
 # Two 30-update ES runs and three evaluations: ~5 minutes on 2 idle cores, far more when the
 # machine is shared, so this module gets a longer limit than the suite's default 600 s.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(1800)]
 
 
 def _measure(model_path: str) -> dict[str, float]:

@@ -14,6 +14,8 @@ from esreason.config import load_config
 from esreason.es_loop.run import run_es
 from esreason.io.hashing import hash_directory_safetensors
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 def small_cfg(model_dir, *extra):
     """A 4-update ES run. On the embedded default rewards vary across members, so updates

@@ -10,6 +10,8 @@ from esreason.cli import main
 from esreason.errors import UserError
 from esreason.eval.command import parse_ks
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 def test_eval_command_writes_results(tmp_path, tiny_model_dir, capsys):
     out = tmp_path / "ev"

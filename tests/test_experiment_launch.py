@@ -19,6 +19,8 @@ from esreason.errors import UserError
 from esreason.experiments import launch
 from esreason.grpo.config import load_grpo_config
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 GIB = 2 ** 30

@@ -16,6 +16,8 @@ from esreason.experiments.sequence import load_sequence, plan_sequence, run_sequ
 from esreason.experiments.spec import load_spec, parse_spec
 from esreason.io.hashing import hash_directory_safetensors
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 ES = {"model": "demo", "task": "demo-add", "es": {"population_size": 4, "sigma": 2e-3, "alpha": 1e-3},
       "train": {"batch_size": 4, "limit": 8, "max_steps": 3, "seed": 0},
       "generation": {"max_new_tokens": 16}, "checkpoint": {"every": 1}}

@@ -28,6 +28,8 @@ from concurrency_helpers import one_line_refusal, race, winner_and_loser
 from esreason.errors import DirectoryLocked
 from esreason.io.lock import LOCK_FILE, directory_lock, has_content, held_directories
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 PAIRS = 20
 
 

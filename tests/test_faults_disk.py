@@ -36,6 +36,8 @@ from esreason.io.verify import verify_checkpoint
 
 from test_faults_es import final, rows, train  # the ES fault suite's 2-update run
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 SAFETENSORS_ENOSPC = "Error while serializing: I/O error: No space left on device (os error 28)"
 
 

@@ -16,6 +16,8 @@ from fault_helpers import (DAMAGES, copy_run, damage, extended_run, one_line_err
 from esreason.io.hashing import hash_directory_safetensors
 from esreason.io.verify import select_checkpoint
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 #: every file of an ES checkpoint of the embedded default (test_checkpoint_file_list_is_complete checks it)
 CKPT_FILES = ("COMPLETE", "chat_template.jinja", "config.json", "es_state.json", "generation_config.json",
               "model.safetensors", "tokenizer.json", "tokenizer_config.json")

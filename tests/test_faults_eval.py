@@ -10,6 +10,8 @@ import pytest
 
 from fault_helpers import DAMAGES, copy_run, damage, one_line_error, run_cli, warnings_naming
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 TASK = "demo-add"
 FILES = ("manifest.json", f"{TASK}/responses.jsonl", f"{TASK}/problems.jsonl", "summary.json", "summary.md")
 

@@ -15,6 +15,8 @@ from fault_helpers import DAMAGES, damage, warnings_naming
 
 from test_experiments import ES as ES3, GRPO as GRPO3  # noqa: E402  (their 3-update configs, here 2)
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 ES = {**ES3, "train": {**ES3["train"], "max_steps": 2}}
 GRPO = {**GRPO3, "train": {**GRPO3["train"], "max_steps": 2}}
 SPEC = {"name": "t", "model": "demo", "task": "demo-add", "updates": 2, "methods": ["base", "es", "es_grpo"],

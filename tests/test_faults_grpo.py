@@ -14,6 +14,8 @@ from fault_helpers import (DAMAGES, copy_run, damage, extended_run, one_line_err
 
 from esreason.io.hashing import hash_directory_safetensors
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 def sets(model_dir: Path, steps: int = 2) -> list[str]:
     """B = 4 prompts x G = 4 responses, 2 updates, a checkpoint (and TRL state) after each."""

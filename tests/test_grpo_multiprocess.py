@@ -310,6 +310,8 @@ from esreason.backends.hf import load_model
 from esreason.grpo.callbacks import write_hf_checkpoint
 from esreason.grpo.distributed import full_state_dict
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 out = Path(sys.argv[1])
 dist.init_process_group("gloo")
 rank = dist.get_rank()

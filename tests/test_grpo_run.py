@@ -16,6 +16,8 @@ from esreason.grpo.config import load_grpo_config
 from esreason.grpo.run import register, run_grpo
 from esreason.io.hashing import hash_directory_safetensors
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def demo_dir():

@@ -23,6 +23,8 @@ from esreason.es.lowrank import Perturbation, lowrank_direction, lowrank_factors
 from esreason.es.noise import direction, tensor_seed
 from esreason.es.params import CentredParameters, unique_named_parameters
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 U32 = 2.0 ** -24  # unit roundoff of float32
 
 

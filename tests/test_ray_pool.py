@@ -21,6 +21,8 @@ import ray  # noqa: E402  (part of the dev extra: not skipped when missing)
 from esreason.backends.engine import HFEngineOptions, policy_checksum, policy_state  # noqa: E402
 from esreason.backends.ray_pool import RayEnginePool, check_address, import_ray  # noqa: E402
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def demo_policy():

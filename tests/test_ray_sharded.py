@@ -20,6 +20,8 @@ from esreason.backends.ray_pool import RayEnginePool
 from esreason.errors import UserError
 from ray_helpers import tiny_es_cfg
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 def _policy(cfg):
     from esreason.backends.hf import HFPolicy, load_model

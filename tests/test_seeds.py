@@ -22,6 +22,8 @@ from esreason.report.hierarchical import (
 )
 from esreason.report.stats import bootstrap_task_average
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 # Two training seeds x two problems. Seed 0 solves problem 0 only, seed 1 solves both.
 X = np.array([[1.0, 0.0],
               [1.0, 1.0]])

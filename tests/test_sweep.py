@@ -15,6 +15,8 @@ from esreason.errors import UserError
 from esreason.experiments import sweep
 from esreason.experiments.smoothing import checkpoint_table, debiased_ema, residual_band
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "configs" / "demo" / "es.yaml"
 TINY = ["train.batch_size=4", "train.max_steps=3", "generation.max_new_tokens=40", "checkpoint.every=2",

@@ -17,6 +17,8 @@ import pytest
 
 from esreason.errors import UserError
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def demo():
