@@ -223,8 +223,9 @@ def test_two_seed_report_pools_seeds_and_names_the_variance_of_every_verdict(two
     d = paired_difference(exp, "es", "base", exp.tasks, "pass@1")
     assert d.low <= d.value <= d.high
     md = (out / "report" / "report.md").read_text()
-    for needle in ("two-level percentile bootstrap", "training seeds: GRPO: 0, 1; ES: 0, 1", "Per seed",
-                   "P(improvement)", "2 training seeds × 4 problems per task", "Agarwal et al. 2021"):
+    for needle in ("seed-level t-intervals", "training seeds: GRPO: 0, 1; ES: 0, 1", "Per seed",
+                   "P(improvement)", "2 training seeds × 4 problems per task", "never between independently trained",
+                   "estimand: ", "Holm", "family-wise", "bootstrap resamples"):
         assert needle in md, needle
     pareto = next(p for p in report["pareto"] if p["key"] == "__average__")
     assert len(pareto["seed_points"]["es"]) == 2 and "base" not in pareto["seed_points"]
