@@ -110,3 +110,82 @@ def test_one_seed_interval_covers_its_own_seed(seed_sd_pp):
     # it covers that seed's own truth (not the population over seeds).
     cov = coverage(SHAPE, "independent", 1, seed_sd_pp, experiments=400, resamples=1000)
     assert 0.92 <= cov <= 0.99, cov
+
+
+# ----------------------------------------------------------------------------- resampling
+
+
+def test_lattice_endpoints_do_not_jump_a_lattice_step_between_bootstrap_seeds():
+    # Pass@32-like 0/1 scores on 256 problems: replicate means lie on a 1/256 lattice; the
+    # continuity-corrected percentile moves continuously with the Monte Carlo noise.
+    from esreason.report.resample import percentile, task_average_replicates
+
+    x = (np.arange(256) % 4 != 0).astype(float)  # 75 % solved
+    ends = np.array([percentile(task_average_replicates({"t": x}, 50_000, b), 0.95) for b in range(4)])
+    assert (ends.max(0) - ends.min(0)).max() < 0.002  # a plain percentile jumps 1/256 = 0.0039
+    lo, hi = ends.mean(0)
+    se = x.std(ddof=1) / 16
+    assert lo == pytest.approx(0.75 - 1.96 * se, abs=0.002) and hi == pytest.approx(0.75 + 1.96 * se, abs=0.002)
+
+
+def test_resample_counts_are_chunked_prefixes_and_match_a_direct_bootstrap():
+    from esreason.report.resample import problem_counts, replicate_means
+
+    small, large = problem_counts(3, "t", 10, 6000), problem_counts(3, "t", 10, 12000)
+    assert small.dtype == np.uint8 and (small == large[:6000]).all() and (small.sum(1) == 10).all()
+    x = np.array([0.0, 1.0, np.nan, 0.5, 0.25, 1.0, 0.0, 0.0, 1.0, 0.5])
+    means = replicate_means(x, small[:3])
+    for row, m in zip(small[:3], means):
+        draws = np.repeat(x, row)
+        assert m == pytest.approx(np.nanmean(draws))
+
+
+# ----------------------------------------------------------------------------- family and Holm
+
+
+def _est(value, se):
+    return Estimate(value, "t", "x", se=se, df=math.inf)
+
+
+def test_holm_adjusts_step_down():
+    from esreason.report.family import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5]) == [0.5]
+
+
+def test_two_views_are_one_claim_and_a_family_decides_after_holm():
+    from esreason.report.family import ClaimTest, Part, decide
+    from esreason.report.verdicts import AGREES, BORDERLINE, CONTRADICTED, HOLDS, INCONCLUSIVE
+
+    strong = ClaimTest([[Part(_est(0.05, 0.01), 1)]])  # z = 5
+    views = ClaimTest([[Part(_est(0.05, 0.01), 1), Part(_est(0.02, 0.01), 1)]])  # Pass@16 / Pass@32
+    assert views.case == "for" and views.p == pytest.approx(Estimate(0.02, "t", "", 0.01, math.inf).p_value())
+    against = ClaimTest([[Part(_est(0.04, 0.01), 1), Part(_est(0.04, 0.01), -1)]])  # ES up, GRPO *up*
+    assert against.case == "against"
+    weak = ClaimTest([[Part(_est(0.02, 0.01), 1)]])  # z = 2: p 0.046, fails after Holm with 4 members
+    verdicts = [d.verdict for d in decide([strong, views, against, weak])]
+    assert verdicts == [HOLDS, AGREES, CONTRADICTED, AGREES]
+    assert decide([ClaimTest([[Part(_est(0.025, 0.01), 1)]])])[0].verdict == HOLDS  # alone, p 0.012
+    assert decide([ClaimTest([[Part(_est(-0.01, 0.01), 1)]])])[0].verdict == INCONCLUSIVE
+    # an interval end within the stated stability of 0 at the claim's Holm level: borderline
+    edge = ClaimTest([[Part(_est(1.96 * 0.01 + 0.0002, 0.01), 1)]])
+    assert decide([edge])[0].verdict == BORDERLINE
+
+
+def test_most_tasks_claim_needs_k_of_t_with_a_bonferroni_factor():
+    from esreason.report.family import ClaimTest, Part
+
+    tasks = [[Part(_est(-0.05, 0.01), -1), Part(_est(-0.04, 0.01), -1)],  # below at both K
+             [Part(_est(-0.03, 0.01), -1), Part(_est(-0.03, 0.01), -1)],
+             [Part(_est(0.02, 0.01), -1), Part(_est(-0.01, 0.01), -1)]]  # not below at every K
+    t = ClaimTest(tasks, need=2)
+    p_task2 = Estimate(-0.03, "t", "", 0.01, math.inf).p_value()
+    assert t.case == "for" and t.p == pytest.approx(2 * p_task2)  # 2nd smallest x (3 - 2 + 1)
+    assert t.point_agrees and t.margin(0.05) > 0
+
+
+def test_verdict_words_cannot_be_read_as_support():
+    from esreason.report.verdicts import AGREES, VERDICTS
+
+    assert AGREES.startswith("not significant") and "borderline" in VERDICTS
