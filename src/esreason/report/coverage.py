@@ -33,6 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from esreason.report.components import moments
+from esreason.report.resample import percentile
 from esreason.report.tdist import t_quantile
 
 _GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(80)  # probabilists' Hermite: weight exp(-x^2/2)
@@ -152,7 +153,7 @@ def t_intervals(sides: list[tuple[float, dict[str, np.ndarray]]], level: float =
 
 def percentile_intervals(per_task: dict[str, np.ndarray], resamples: int, rng: np.random.Generator,
                          level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """The shipped one-seed interval (problem bootstrap, percentile) of E experiments:
+    """The shipped one-seed interval (problem bootstrap, :func:`esreason.report.resample.percentile`) of E experiments:
     ``per_task`` holds per-problem differences [E, n]; one count matrix serves every experiment."""
     total = 0.0
     for x in per_task.values():
@@ -160,8 +161,8 @@ def percentile_intervals(per_task: dict[str, np.ndarray], resamples: int, rng: n
         counts = rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)  # [R, n]
         total = total + counts @ x.T / n  # [R, E]
     reps = total / len(per_task)
-    lo, hi = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2], axis=0)
-    return lo, hi
+    ends = np.array([percentile(reps[:, e], level) for e in range(reps.shape[1])], dtype=np.float64)
+    return ends[:, 0], ends[:, 1]
 
 
 def crossed_bootstrap(sides: list[tuple[float, dict[str, np.ndarray]]], resamples: int, rng: np.random.Generator,

@@ -53,26 +53,46 @@ def problem_counts(seed: int, task: str, n: int, resamples: int = RESAMPLES) -> 
     return out
 
 
+@lru_cache(maxsize=4)
+def _float_counts(seed: int, task: str, n: int, resamples: int) -> np.ndarray:
+    """:func:`problem_counts` as float32 (51 MB at 50,000 x 256), for one matrix product per column."""
+    out = problem_counts(seed, task, n, resamples).astype(np.float32)
+    out.setflags(write=False)
+    return out
+
+
 def replicate_means(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Replicate means [R] of the values ``x [n]`` (NaN: no value, left out) under ``counts [R, n]``."""
+    """Replicate means [R] of the values ``x [n]`` (NaN: no value, left out) under ``counts [R, n]``:
+    one product ``counts @ [x, known]`` (float32 products of counts <= 255 and values in [0, 1]
+    are exact to ~1e-7, far below the 0.05 pp stated stability)."""
     known = ~np.isnan(x)
-    filled = np.where(known, x, 0.0)
-    num = np.empty(counts.shape[0])
-    den = np.empty(counts.shape[0])
+    both = np.stack([np.where(known, x, 0.0), known.astype(np.float64)], axis=1).astype(counts.dtype
+                                                                                       if counts.dtype != np.uint8
+                                                                                       else np.float32)
+    out = np.empty((counts.shape[0], 2))
     for lo in range(0, counts.shape[0], CHUNK):
-        c = counts[lo:lo + CHUNK].astype(np.float64)
-        num[lo:lo + CHUNK] = c @ filled
-        den[lo:lo + CHUNK] = c @ known.astype(np.float64)
+        c = counts[lo:lo + CHUNK]
+        out[lo:lo + CHUNK] = (c if c.dtype != np.uint8 else c.astype(np.float32)) @ both
+    num, den = out[:, 0], out[:, 1]
     return np.divide(num, den, out=np.full(num.shape, np.nan), where=den > 0)
+
+
+@lru_cache(maxsize=128)
+def _task_replicates(seed: int, task: str, resamples: int, x_bytes: bytes) -> np.ndarray:
+    x = np.frombuffer(x_bytes, dtype=np.float64)
+    out = replicate_means(x, _float_counts(seed, task, x.size, resamples))
+    out.setflags(write=False)
+    return out
 
 
 def task_average_replicates(per_task: dict[str, np.ndarray], resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
     """Replicates [R] of the equal-weight mean over tasks of per-problem values (problems resampled
-    within each task; NaN where a replicate has no value on some task)."""
+    within each task; NaN where a replicate has no value on some task). A task's replicates are
+    cached by its values: the tables, averages and differences of a report reuse them."""
     total = np.zeros(resamples)
     for task, x in per_task.items():
-        x = np.asarray(x, dtype=np.float64)
-        total += replicate_means(x, problem_counts(seed, task, x.size, resamples))
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        total += _task_replicates(seed, task, resamples, x.tobytes())
     return total / max(len(per_task), 1)
 
 
