@@ -1,7 +1,7 @@
 """Coverage of the report's intervals, by simulation at the demo's shape.
 
 ``python -m esreason.report.coverage`` prints the table of docs/report.md ("Coverage");
-tests/test_interval_coverage.py runs the shipped intervals through it.
+tests/test_intervals.py runs the shipped intervals through it.
 
 The simulated evaluation (:class:`Shape`; defaults: the demo) has T tasks x n problems x M
 samples per problem. Problem p of task t has a logit difficulty ``d_p ~ N(mu_t, tau^2)`` (base

@@ -145,7 +145,7 @@ def replicate_differences(per_task_a: Mapping[str, np.ndarray], per_task_b: Mapp
 
 
 def two_level_interval(per_task_a: Mapping[str, np.ndarray], per_task_b: Mapping[str, np.ndarray] | None = None,
-                       paired_seeds: bool = False, level: float = 0.95, resamples: int = 1000,
+                       paired_seeds: bool = False, level: float = 0.95, resamples: int = 50_000,
                        seed: int = 0) -> tuple[float | None, float | None]:
     """Percentile interval of :func:`replicate_differences` (B None: of A's task average)."""
     if not per_task_a or resamples < 1:
