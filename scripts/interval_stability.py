@@ -8,7 +8,8 @@ read as a one-seed evaluation: the intervals the report bootstraps) and every me
 task average, and of the paired difference to Base, with problems resampled as the report does
 (:mod:`esreason.report.resample`). Each is computed under ``--boot-seeds`` bootstrap seeds; the
 movement of an endpoint is its range (max - min) over those seeds. Prints JSON: per resample
-count, the largest and the median movement over every endpoint (percentage points).
+count, the largest and the median movement over every endpoint (percentage points), and the
+largest per kind (level or difference to Base; per task or task average).
 """
 
 from __future__ import annotations
@@ -80,14 +81,20 @@ def main() -> None:
                 ends[name].append(percentile(task_average_replicates(per_task, r, b), 0.95))
         moves = []
         worst = ("", 0.0)
+        by_kind: dict[str, list[float]] = {}
         for name, pairs in ends.items():
             arr = np.array(pairs, dtype=np.float64)  # [B, 2]
             rng = 100 * (arr.max(0) - arr.min(0))
             moves += rng.tolist()
+            kind = ("difference" if " - base " in name else "level") + (" average" if name.endswith("average")
+                                                                        else " per task")
+            by_kind.setdefault(kind, []).extend(rng.tolist())
             if rng.max() > worst[1]:
                 worst = (name, float(rng.max()))
         result["movement_pp"][str(r)] = {"max": float(np.max(moves)), "median": float(np.median(moves)),
-                                         "p95": float(np.quantile(moves, 0.95)), "worst": worst[0]}
+                                         "p95": float(np.quantile(moves, 0.95)), "worst": worst[0],
+                                         "max_by_kind": {k: float(np.max(v)) for k, v in by_kind.items()},
+                                         "endpoints_by_kind": {k: len(v) for k, v in by_kind.items()}}
         print(json.dumps({r: result["movement_pp"][str(r)]}), flush=True)
     print(json.dumps(result, indent=2))
 
