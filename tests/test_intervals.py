@@ -189,3 +189,53 @@ def test_verdict_words_cannot_be_read_as_support():
     from esreason.report.verdicts import AGREES, VERDICTS
 
     assert AGREES.startswith("not significant") and "borderline" in VERDICTS
+
+
+# ----------------------------------------------------------------------------- small defects (issue 25)
+
+
+def test_variance_source_says_no_interval_when_there_is_none():
+    from esreason.report.seeds import variance_source
+
+    class Exp:
+        def seed_keys(self, m):
+            return ["0", "1", "2"]
+
+    assert variance_source(Exp(), ["es", "grpo"], [], has_interval=False) == "no interval"
+
+
+def test_seeds_pair_only_for_nested_runs():
+    from types import SimpleNamespace
+
+    from esreason.report.stats import nested
+
+    class Exp:
+        methods = {k: SimpleNamespace(role=k) for k in ("es", "grpo", "es_grpo", "grpo_es")}
+
+        def seed_keys(self, m):
+            return ["0", "1", "2"]
+
+    e = Exp()
+    assert nested(e, "es_grpo", "es") and nested(e, "grpo", "grpo_es")
+    assert not nested(e, "es", "grpo") and not nested(e, "es_grpo", "grpo")
+
+
+def test_entropy_interval_is_welch_over_every_seed():
+    from esreason.report.findings import welch_estimate
+
+    grpo, es = [-0.005, -0.004, -0.0045], [-0.001, -0.0008, -0.0009]
+    e = welch_estimate(grpo, es, "3 + 3 training seeds")
+    vx, vy = np.var(grpo, ddof=1) / 3, np.var(es, ddof=1) / 3
+    assert e.value == pytest.approx(np.mean(grpo) - np.mean(es))
+    assert e.se == pytest.approx(math.sqrt(vx + vy))
+    assert e.df == pytest.approx((vx + vy) ** 2 / (vx ** 2 / 2 + vy ** 2 / 2))
+    assert welch_estimate([0.1], es, "x") is None
+
+
+def test_one_resample_default():
+    from esreason.report.load import Experiment
+    from esreason.report.resample import RESAMPLES
+
+    exp = Experiment.__new__(Experiment)
+    exp.methods = {}
+    assert exp.bootstrap_settings() == (0.95, RESAMPLES, 0) and RESAMPLES == 50_000
