@@ -51,12 +51,14 @@ def test_quick_demo_prints_a_verdict_per_finding(quick_demo):
     text = (out / "verdicts.md").read_text()
     lines = [line for line in text.splitlines() if line[:1].isdigit()]
     assert len(lines) >= 6
-    words = ("holds", "direction agrees, not significant", "inconclusive", "contradicted", "not tested")
+    from esreason.report.verdicts import VERDICTS as words
     assert all(line.split(". ", 1)[1].split(":", 1)[0] in words for line in lines), lines
     assert "GRPO" in text and "Pass@" in text
     # one training seed: the verdicts say what their intervals cover
     assert "1 training seed: evaluation noise only" in text
     assert all("(interval covers: " in line for line in lines)
+    # the family, its correction and the estimand are stated (issue 25)
+    assert "Holm" in text and "family-wise" in text and "estimand" in text
 
 
 def test_demo_seeds_option(tmp_path, capsys):
@@ -71,7 +73,10 @@ def test_demo_seeds_option(tmp_path, capsys):
                 per_seed=[{"seed": "0", "diff": {"value": -0.01}, "verdict": "inconclusive"},
                           {"seed": "1", "diff": {"value": 0.02}, "verdict": "holds"}])
     assert _verdict(f) == ("inconclusive: ES beats GRPO — ES - GRPO: -1.0 pp (interval covers: 2 training seeds × 8 "
-                           "problems; per seed: seed 0: -1.0 pp (inconclusive); seed 1: +2.0 pp (holds))")
+                           "problems; per seed (description): seed 0: -1.0 pp (inconclusive); seed 1: +2.0 pp "
+                           "(holds))")
+    f.decision = {"p_holm": 0.0123, "rank": 2, "family_size": 7}
+    assert "; Holm p 0.012 (2 of 7)" in _verdict(f)
 
 
 def test_rerunning_the_demo_resumes_without_training(quick_demo, capsys):

@@ -164,9 +164,17 @@ def test_pass_table_marks_and_averages(exp_dir: Path) -> None:
     assert [h for _, h in t.groups[0].columns] == ["@1", "@16", "@32"]
     assert t.get("es", AVG, "pass@1").value == pytest.approx((60 + 32 + 12) / 300)
     assert t.get("base", AVG, "pass@32").value == pytest.approx((85 + 82.004 + 50) / 300)
-    # the table's tasks are the summary's average tasks -> the summary's own interval
-    own = exp.average_cell("grpo", "pass@16")
-    assert (t.get("grpo", AVG, "pass@16").low, t.get("grpo", AVG, "pass@16").high) == (own.low, own.high)
+    # every interval is the report's own (problem bootstrap at its resample count), not the summary's
+    from esreason.report.resample import RESAMPLES
+    from esreason.report.stats import bootstrap_task_average
+
+    data = {task: np.array([r["pass@16"] for r in _rows("grpo", task)]) for task in TASKS}
+    ours = bootstrap_task_average(data, 0.95, RESAMPLES, 0)
+    assert (t.get("grpo", AVG, "pass@16").low, t.get("grpo", AVG, "pass@16").high) == pytest.approx(ours)
+    one = bootstrap_task_average({"demo-sub": data["demo-sub"]}, 0.95, RESAMPLES, 0)
+    assert (t.get("grpo", "demo-sub", "pass@16").low, t.get("grpo", "demo-sub", "pass@16").high) == pytest.approx(one)
+    own = exp.average_cell("grpo", "pass@16")  # the evaluation's 1,000-resample interval: close, not equal
+    assert t.get("grpo", AVG, "pass@16").low == pytest.approx(own.low, abs=0.02)
     assert t.underline == {
         ("grpo", "demo-add", "pass@1"), ("es", "demo-add", "pass@16"), ("es", "demo-add", "pass@32"),
         ("grpo", "demo-sub", "pass@1"), ("es", "demo-sub", "pass@16"),
@@ -228,10 +236,12 @@ def test_bootstrap_matches_evaluation(exp_dir: Path) -> None:
     from esreason.eval.bootstrap import Bootstrap
     from esreason.report.stats import bootstrap_task_average
 
+    # The same method (percentile, problems resampled within each task, equal task weights), its own
+    # draws: at many resamples both estimate the same interval, to Monte Carlo error.
     data = {t: [r["pass@16"] for r in _rows("es", t)] for t in TASKS}
-    ours = bootstrap_task_average({t: np.array(v) for t, v in data.items()}, 0.95, 200, 0)
-    theirs = Bootstrap(200, 0.95, 0).suite(data)
-    assert ours == pytest.approx((theirs.low, theirs.high))
+    ours = bootstrap_task_average({t: np.array(v) for t, v in data.items()}, 0.95, 20000, 0)
+    theirs = Bootstrap(20000, 0.95, 0).suite(data)
+    assert ours == pytest.approx((theirs.low, theirs.high), abs=0.005)
 
 
 # ---------------------------------------------------------------------- Pareto
@@ -358,12 +368,17 @@ def test_build_report_writes_everything(exp_dir: Path) -> None:
     assert data["tables"]["heldout_change"]["rows"]["grpo"]["cells"]["pass"]["pass@1"]["value"] == pytest.approx(0.035)
     assert data["tables"]["below_base"]["counts"][0]["method"] == "grpo"
     verdicts = {f.id: f.verdict for f in result.findings}
-    holds, agrees = "holds", "direction agrees, not significant"
-    assert verdicts == {"es_improves_pass1": holds, "es_improves_pass16": holds, "es_improves_pass32": holds,
-                        "grpo_beats_es_pass1": holds, "es_beats_grpo_pass16": holds, "es_beats_grpo_pass32": holds,
+    holds, agrees = "holds", "not significant (point estimate in the claimed direction)"
+    assert verdicts == {"es_improves_pass1": holds, "es_improves_passk": holds,  # Pass@16 and @32: one claim
+                        "grpo_beats_es_pass1": holds, "es_beats_grpo_passk": holds,
                         "grpo_below_base": holds, "heldout_change": holds,
                         "pareto_added": agrees, "entropy": agrees}  # no interval: at best "agrees"
-    assert result.finding("es_beats_grpo_pass16").holds is True  # constant paired differences
+    assert result.finding("es_beats_grpo_passk").holds is True  # constant paired differences
+    family = [f for f in data["findings"] if f["in_family"]]
+    assert [f["id"] for f in family] == ["es_improves_pass1", "es_improves_passk", "grpo_beats_es_pass1",
+                                         "es_beats_grpo_passk", "grpo_below_base", "heldout_change"]
+    assert all(f["test"]["family_size"] == 6 and f["test"]["p_holm"] <= 0.05 for f in family)
+    assert set(result.finding("es_improves_passk").values["views"]) == {"pass@16", "pass@32"}
     assert result.finding("entropy").holds is False
     assert [f["verdict"] for f in data["findings"]] == list(verdicts.values())  # report.json says the same
     assert f"| {agrees} |" in md and "| holds |" in md  # and report.md

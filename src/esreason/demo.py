@@ -7,13 +7,14 @@ held-out families ``demo-sub`` and ``demo-sub3`` (32 samples per problem, Pass@1
 Maj@K, entropy, bootstrap CIs); then writes the report (``OUTPUT/report/report.md`` with
 every table and figure) and prints a verdict per paper finding
 (:mod:`esreason.report.findings`, :mod:`esreason.report.verdicts`: "holds" only when the
-paired 95 % bootstrap interval excludes 0 in the claimed direction, else "direction agrees,
-not significant", "inconclusive" or "contradicted").
+claim's test rejects "no difference" in the claimed direction after Holm's correction over the
+family of claims, else "borderline", "not significant (point estimate in the claimed
+direction)", "inconclusive" or "contradicted").
 
 One training seed by default: the verdicts then say "1 training seed: evaluation noise only".
 ``--seeds N`` trains every method with seeds 0..N-1 (``runs/<m>/seed<s>/``) and the verdicts
-rest on the two-level bootstrap over seeds and problems (:mod:`esreason.report.hierarchical`),
-each with its per-seed verdicts.
+rest on seed-level t-intervals over seeds and problems (:mod:`esreason.report.components`),
+each with its per-seed verdicts (a description).
 
 Rerunning with the same ``--output`` resumes (finished methods are not trained again).
 ``--quick`` shrinks every budget to a smoke test (numbers meaningless). Each kind of demo has
@@ -74,8 +75,10 @@ def demo_spec(quick: bool = False, extra: tuple[str, ...] = (), seeds: int = 1):
 def _verdict(f: Finding) -> str:
     """One line per finding: the verdict word of :mod:`esreason.report.verdicts`, the claim, the evidence,
     what its interval covers, and (several seeds) the verdict on each seed alone."""
-    seeds = f"; per seed: {f.seeds_line}" if f.seeds_line else ""
-    return f"{f.verdict}: {f.claim} — {f.evidence} (interval covers: {f.variance}{seeds})"
+    seeds = f"; per seed (description): {f.seeds_line}" if f.seeds_line else ""
+    test = (f"; Holm p {f.decision['p_holm']:.2g} ({f.decision['rank']} of {f.decision['family_size']})"
+            if f.decision else "")
+    return f"{f.verdict}: {f.claim} — {f.evidence} (interval covers: {f.variance}{test}{seeds})"
 
 
 def run_demo(output: Path, quick: bool = False, progress: bool = True, seeds: int = 1) -> int:
@@ -93,16 +96,20 @@ def run_demo(output: Path, quick: bool = False, progress: bool = True, seeds: in
     report = build_report(output)
     elapsed = time.perf_counter() - t0
     lines = [_verdict(f) for f in report.findings]
-    covers = (f"{len(spec.seeds)} training seeds: intervals resample seeds and problems" if spec.seeds
+    covers = (f"{len(spec.seeds)} training seeds: seed-level t-intervals over seeds and problems" if spec.seeds
               else "1 training seed: evaluation noise only; `esreason demo --seeds 3` covers training variance")
+    from esreason.report.document import estimand_line, family_line
+
+    header = (f"Intervals: {covers}.\n\n{estimand_line(report.experiment, report.experiment.protocol)[2:]}.\n\n"
+              f"F{family_line()[3:]}.")
     verdict_md = output / "verdicts.md"
     atomic_write_text(verdict_md, "# esreason demo: the paper's findings in miniature\n\n"
-                      + f"Intervals: {covers}.\n\n"
+                      + f"{header}\n\n"
                       + "\n".join(f"{i}. {line}" for i, line in enumerate(lines, start=1))
                       + f"\n\nTook {elapsed:.0f} s on this machine{' (quick)' if quick else ''}.\n")
     print()
-    print(f"Paper findings in miniature (0.87M model; 'holds': the paired 95% bootstrap interval excludes 0 "
-          f"in the claimed direction; {covers}):")
+    print(f"Paper findings in miniature (0.87M model; 'holds': significant in the claimed direction after Holm "
+          f"over the family of claims; {covers}):")
     for i, line in enumerate(lines, start=1):
         print(f"  {i}. {line}")
     print()

@@ -7,11 +7,13 @@ Python API::
     exp = load_experiment("runs/exp")            # Experiment: tasks, held_out, in_domain, value(), ci()
     exp.value("es", "demo-sub", "pass@16")       # fraction, or None when absent
     result = build_report("runs/exp")            # writes runs/exp/report/{report.md, report.json, *.tex, *.png}
-    result.finding("es_beats_grpo_pass32").holds
+    result.finding("es_beats_grpo_passk").holds
 
 Modules: ``load`` (experiment.json + summaries -> :class:`Experiment`), ``stats`` (averages and
-paired bootstrap intervals), ``hierarchical`` (the two-level bootstrap over training seeds and
-problems, probability of improvement), ``seeds`` (a method trained with several seeds as one
+paired bootstrap intervals), ``resample`` (the 50,000-resample problem bootstrap),
+``components`` (seed-level variance-components t-intervals), ``tdist`` (t quantiles, no scipy),
+``family`` (the family of claims, Holm), ``coverage`` (the coverage simulator), ``hierarchical``
+(the crossed bootstrap over training seeds and problems, probability of improvement), ``seeds`` (a method trained with several seeds as one
 row; per-seed views), ``tables`` (Pass@K/Maj@K tables with marks, held-out change,
 below-base count), ``pareto`` (dominance, fronts), ``curves`` (training curves), ``findings``
 (the paper's claims checked), ``compute`` (all of it), ``latex`` / ``markdown`` / ``document``

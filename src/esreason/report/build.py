@@ -75,7 +75,10 @@ def _report_json(exp: Experiment, parts: Parts, files: dict[str, Path], notes: S
         "conventions": {"values": "fractions in [0, 1] (the Markdown/LaTeX show x100)",
                         "marks": markdown.MARK_LEGEND,
                         "pareto": "a dominates b: >= on both axes, > on at least one (unrounded)",
-                        "significance": "95% paired bootstrap over problems excludes 0"},
+                        "significance": "Holm over the family of claims, family-wise error 0.05 (report.family)",
+                        "estimand": document.estimand_line(exp, exp.protocol)[2:],
+                        "family": document.family_line()[2:],
+                        "stability": document.stability_line(exp.bootstrap_settings()[1])[2:]},
         "notes": list(notes),
     }
 

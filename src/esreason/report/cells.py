@@ -8,7 +8,7 @@ other's module at import time: ``load -> stats -> cells`` and ``load -> cells``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
@@ -16,13 +16,16 @@ from typing import Any, Protocol
 class Cell:
     """One number with its confidence interval (fractions, not percent).
 
-    n: problems behind a task value, tasks behind an average.
+    n: problems behind a task value, tasks behind an average. estimate: the
+    :class:`esreason.report.components.Estimate` the interval came from (p-value, intervals at
+    other levels, what it covers), when the report computed it.
     """
 
     value: float | None
     low: float | None = None
     high: float | None = None
     n: int | None = None
+    estimate: Any = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {"value": self.value, "ci_low": self.low, "ci_high": self.high, "n": self.n}

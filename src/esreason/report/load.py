@@ -172,13 +172,16 @@ class Experiment:
         return _average(self, method, self.tasks if tasks is None else list(tasks), metric)
 
     def bootstrap_settings(self) -> tuple[float, int, int]:
-        """(level, resamples, seed) of the evaluations' bootstrap (defaults 0.95, 1000, 0)."""
+        """(level, resamples, seed) of the report's intervals: the evaluations' level and bootstrap
+        seed (defaults 0.95 and 0), and the report's one resample count
+        (:data:`esreason.report.resample.RESAMPLES`, whatever the evaluation used)."""
+        from esreason.report.resample import RESAMPLES
+
         for m in self.methods.values():
             boot = (m.summary or {}).get("bootstrap") or {}
             if boot:
-                return (float(boot.get("level", 0.95)), int(boot.get("resamples", 1000) or 1000),
-                        int(boot.get("seed", 0)))
-        return 0.95, 1000, 0
+                return float(boot.get("level", 0.95)), RESAMPLES, int(boot.get("seed", 0))
+        return 0.95, RESAMPLES, 0
 
     # ------------------------------------------------------------------ training seeds
 

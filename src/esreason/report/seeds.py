@@ -6,8 +6,8 @@ The report shows such a method as one row whose numbers pool the seeds:
 
 - a cell's point estimate is the mean over seeds of the per-seed values (equal weight per
   seed, each an equal-weight mean over problems);
-- its interval is the two-level bootstrap over seeds and problems
-  (:mod:`esreason.report.hierarchical`);
+- its interval is the seed-level variance-components t-interval over seeds and problems
+  (:mod:`esreason.report.components`);
 - the per-problem rows (:meth:`esreason.report.load.Experiment.problems`) are per-problem
   means over seeds; the per-seed rows stay available for the seed-aware statistics.
 
@@ -23,7 +23,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from esreason.report.hierarchical import two_level_interval
+from esreason.report.components import seed_interval
+from esreason.report.hierarchical import variance_text
 from esreason.report.stats import metric_column
 
 
@@ -65,6 +66,12 @@ def _entry(values: list[float], lo: float | None, hi: float | None, n: int) -> d
     return {"value": float(np.mean(values)), "ci_low": lo, "ci_high": hi, "n": n}
 
 
+def _seed_ci(tables: Mapping[str, np.ndarray], n_seeds: int, level: float) -> tuple[float | None, float | None]:
+    """The seed-level interval of one method's task average (None, None when it cannot be formed)."""
+    est = seed_interval([(1.0, tables)], variance_text(n_seeds, [t.shape[-1] for t in tables.values()]))
+    return (None, None) if est is None else est.interval(level)
+
+
 def pooled_summary(runs: Sequence[SeedRun], problems: Mapping[str, Sequence[Mapping[str, Any]] | None]
                    ) -> dict[str, Any]:
     """One eval summary for a method trained with several seeds (module docstring).
@@ -75,8 +82,7 @@ def pooled_summary(runs: Sequence[SeedRun], problems: Mapping[str, Sequence[Mapp
     """
     first = runs[0].summary
     boot = first.get("bootstrap") or {}
-    level, resamples, bseed = (float(boot.get("level", 0.95)), int(boot.get("resamples", 1000) or 0),
-                               int(boot.get("seed", 0)))
+    level = float(boot.get("level", 0.95))
     tasks = [t for t in first.get("tasks", {}) if all(t in r.summary.get("tasks", {}) for r in runs)]
     tables: dict[str, dict[str, np.ndarray]] = {}  # metric -> {task: [S, n]}
     out_tasks: dict[str, Any] = {}
@@ -93,7 +99,7 @@ def pooled_summary(runs: Sequence[SeedRun], problems: Mapping[str, Sequence[Mapp
             if rows:
                 table = np.stack([metric_column(r, ids, m) for r in rows])  # [S, n]
                 tables.setdefault(m, {})[t] = table
-                lo, hi = two_level_interval({t: table}, None, False, level, resamples, bseed)
+                lo, hi = _seed_ci({t: table}, len(runs), level)
             cells[m] = _entry(values, lo, hi, len(ids) or int(per_seed[0][m].get("n") or 0))
         out_tasks[t] = {"num_problems": len(ids) or first["tasks"][t].get("num_problems"), "metrics": cells}
     avg_tasks = [t for t in (first.get("average") or {}).get("tasks") or tasks if t in out_tasks]
@@ -103,7 +109,7 @@ def pooled_summary(runs: Sequence[SeedRun], problems: Mapping[str, Sequence[Mapp
             continue
         values = [float(np.mean([out_tasks[t]["metrics"][m]["value"] for t in avg_tasks]))]
         per = tables.get(m, {})
-        lo, hi = (two_level_interval({t: per[t] for t in avg_tasks}, None, False, level, resamples, bseed)
+        lo, hi = (_seed_ci({t: per[t] for t in avg_tasks}, len(runs), level)
                   if all(t in per for t in avg_tasks) else (None, None))
         avg["metrics"][m] = _entry(values, lo, hi, len(avg_tasks))
     return {**{k: v for k, v in first.items() if k not in ("tasks", "average")}, "tasks": out_tasks,
@@ -166,10 +172,12 @@ def per_seed_differences(exp: Any, a: str, b: str, tasks: Sequence[str], metric:
     return [(s, paired_difference(SeedView(exp, s), a, b, tasks, metric)) for s in per_seed_seeds(exp, a, b)]
 
 
-def variance_source(exp: Any, methods: Sequence[str | None], tasks: Sequence[str], metric: str = "pass@1") -> str:
-    """What the pooled interval of a comparison among ``methods`` covers (``variance_text``)."""
-    from esreason.report.hierarchical import variance_text
-
+def variance_source(exp: Any, methods: Sequence[str | None], tasks: Sequence[str], metric: str = "pass@1",
+                    has_interval: bool = True) -> str:
+    """What the pooled interval of a comparison among ``methods`` covers (``variance_text``);
+    ``"no interval"`` when there is none (``has_interval`` False)."""
+    if not has_interval:
+        return "no interval"
     present = [m for m in methods if m is not None]
     n_seeds = max([len(exp.seed_keys(m)) for m in present] + [1])
     problems = []

@@ -16,6 +16,11 @@ equal weights, the same level, resample count and seed):
 Point estimates always come from the summaries (task means, equal weight per task); the
 problem files only supply the intervals. When a needed ``problems.jsonl`` is missing
 the interval is None (the number is still reported).
+
+With several training seeds (issue 25) an interval that involves a seeded method is the seed-level
+variance-components t-interval of :mod:`esreason.report.components` instead; seeds are paired only
+for nested runs (:func:`nested`). The percentile bootstrap here draws ``RESAMPLES`` (50,000)
+replicates in chunks (:mod:`esreason.report.resample`).
 """
 
 from __future__ import annotations
@@ -25,34 +30,42 @@ from typing import Sequence
 import numpy as np
 
 from esreason.report.cells import Cell, ExperimentView
-from esreason.report.hierarchical import probability_of_improvement, two_level_interval
-from esreason.report.hierarchical import problem_indices as _indices
+from esreason.report.components import Estimate, seed_interval
+from esreason.report.hierarchical import probability_of_improvement, variance_text
+from esreason.report.resample import RESAMPLES, percentile, task_average_replicates
+
+#: Nested runs (a composition and its own first stage, seed by seed): the only pairs whose seeds pair.
+NESTED = {frozenset(("es_grpo", "es")), frozenset(("grpo_es", "grpo"))}
 
 
-def bootstrap_task_average(per_task: dict[str, np.ndarray], level: float = 0.95, resamples: int = 1000,
+def bootstrap_replicates(per_task: dict[str, np.ndarray], resamples: int = RESAMPLES, seed: int = 0
+                         ) -> np.ndarray | None:
+    """Replicates of the equal-weight mean over tasks of per-problem values (None: a task has none)."""
+    if not per_task or any(np.asarray(v).size == 0 or np.isnan(np.asarray(v, dtype=np.float64)).all()
+                           for v in per_task.values()):
+        return None
+    return task_average_replicates(per_task, resamples, seed)
+
+
+def bootstrap_task_average(per_task: dict[str, np.ndarray], level: float = 0.95, resamples: int = RESAMPLES,
                            seed: int = 0) -> tuple[float | None, float | None]:
     """Percentile interval of the equal-weight mean over tasks of per-problem values.
 
     per_task: ``{task: values [n_task]}`` (NaN: no value for that problem). Each task's
     problems are resampled with replacement; a resample's task mean ignores NaNs.
     """
-    if not per_task:
-        return None, None
-    means = []
-    for task, values in per_task.items():
-        x = np.asarray(values, dtype=np.float64)
-        if x.size == 0 or np.isnan(x).all():
-            return None, None
-        draws = x[_indices(seed, task, x.size, resamples)]  # [resamples, n]
-        counts = (~np.isnan(draws)).sum(axis=1)
-        sums = np.nansum(draws, axis=1)
-        means.append(np.divide(sums, counts, out=np.full(resamples, np.nan), where=counts > 0))
-    avg = np.mean(np.stack(means), axis=0)  # [resamples]
-    avg = avg[~np.isnan(avg)]
-    if avg.size == 0:
-        return None, None
-    lo, hi = np.quantile(avg, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    reps = bootstrap_replicates(per_task, resamples, seed)
+    return (None, None) if reps is None else percentile(reps, level)
+
+
+def nested(exp: ExperimentView, a: str, b: str) -> bool:
+    """True when ``a`` and ``b`` are nested runs whose seed s pair (a composition and its own first
+    stage, e.g. ES->GRPO seed s continues ES seed s) and both have the same seeds."""
+    root = getattr(exp, "exp", exp)
+    methods = getattr(root, "methods", {})
+    roles = {getattr(methods.get(m), "role", None) for m in (a, b)}
+    ka, kb = exp.seed_keys(a), exp.seed_keys(b)
+    return frozenset(roles) in NESTED and len(ka) > 1 and ka == kb
 
 
 def metric_column(rows: dict[str, dict], ids: Sequence[str], metric: str) -> np.ndarray:
@@ -66,36 +79,57 @@ def metric_column(rows: dict[str, dict], ids: Sequence[str], metric: str) -> np.
 
 
 def average(exp: ExperimentView, method: str, tasks: Sequence[str], metric: str) -> Cell | None:
-    """Equal-weight average of ``metric`` over ``tasks`` for ``method`` with its interval.
+    """Equal-weight average of ``metric`` over ``tasks`` (one task: the task cell) with the report's
+    interval.
 
-    None when any task lacks the metric (an average over fewer tasks would not compare).
-    Uses the summary's own average when it covers exactly ``tasks``; otherwise the
-    interval is bootstrapped from ``problems.jsonl`` (None if a file is missing).
+    None when any task lacks the metric (an average over fewer tasks would not compare). A method
+    with several training seeds: the seed-level t-interval (:mod:`esreason.report.components`);
+    otherwise the problem bootstrap at the report's resample count from ``problems.jsonl``. Without
+    the problem files: the evaluation summary's own interval where it covers exactly ``tasks``, else
+    none.
     """
     cells = [exp.cell(method, t, metric) for t in tasks]
     if not tasks or any(c is None for c in cells):
         return None
     value = float(np.mean([c.value for c in cells]))  # type: ignore[union-attr]
+    level, resamples, seed = exp.bootstrap_settings()
+    if len(exp.seed_keys(method)) > 1:
+        tables = seed_tables(exp, method, tasks, metric)
+        est = None if tables is None else seed_interval([(1.0, tables)], _covers(exp, [method], tables))
+        return _cell(value, est, level, len(tasks))
+    per_task: dict[str, np.ndarray] = {}
+    for t in tasks:
+        rows = exp.problems(method, t)
+        if rows is None:
+            break
+        per_task[t] = metric_column(rows, list(rows), metric)  # file order
+    else:
+        reps = bootstrap_replicates(per_task, resamples, seed)
+        est = None if reps is None else Estimate(value, "percentile", _covers(exp, [method], per_task),
+                                                 replicates=reps)
+        return _cell(value, est, level, len(tasks))
+    if len(tasks) == 1:
+        c = cells[0]
+        return Cell(value, c.low, c.high, 1)  # type: ignore[union-attr]
     if sorted(exp.summary_average_tasks(method)) == sorted(tasks):
         own = exp.average_cell(method, metric)
         if own is not None:
             return Cell(value, own.low, own.high, len(tasks))
-    if len(tasks) == 1:
-        c = cells[0]
-        return Cell(value, c.low, c.high, 1)  # type: ignore[union-attr]
-    per_task = {}
-    level, resamples, seed = exp.bootstrap_settings()
-    if len(exp.seed_keys(method)) > 1:
-        tables = seed_tables(exp, method, tasks, metric)
-        lo, hi = (None, None) if tables is None else two_level_interval(tables, None, False, level, resamples, seed)
-        return Cell(value, lo, hi, len(tasks))
-    for t in tasks:
-        rows = exp.problems(method, t)
-        if rows is None:
-            return Cell(value, None, None, len(tasks))
-        per_task[t] = metric_column(rows, list(rows), metric)  # file order, as the evaluation resampled it
-    lo, hi = bootstrap_task_average(per_task, level, resamples, seed)
-    return Cell(value, lo, hi, len(tasks))
+    return Cell(value, None, None, len(tasks))
+
+
+def _covers(exp: ExperimentView, methods: Sequence[str], per_task: dict[str, np.ndarray]) -> str:
+    """What an interval over ``methods`` covers, in words (:func:`variance_text`)."""
+    n_seeds = max([len(exp.seed_keys(m)) for m in methods] + [1])
+    return variance_text(n_seeds, [np.asarray(x).shape[-1] for x in per_task.values()])
+
+
+def _cell(value: float, est: Estimate | None, level: float, n: int) -> Cell:
+    """A :class:`Cell` at the report's point ``value`` with the interval of ``est`` (None: none)."""
+    if est is None:
+        return Cell(value, None, None, n)
+    lo, hi = est.interval(level)
+    return Cell(value, lo, hi, n, estimate=est)
 
 
 def seed_tables(exp: ExperimentView, method: str, tasks: Sequence[str], metric: str,
@@ -115,7 +149,7 @@ def seed_tables(exp: ExperimentView, method: str, tasks: Sequence[str], metric: 
 def paired_tables(exp: ExperimentView, method: str, base: str, tasks: Sequence[str], metric: str
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], bool] | None:
     """Per-task tables of both methods over their common problems (by ``problem_id``), and
-    whether the seeds pair (both trained with the same seeds, more than one). None when a
+    whether the seeds pair (:func:`nested` runs only; independent methods never do). None when a
     ``problems.jsonl`` is missing or the two share no problem on some task."""
     ids = {}
     for t in tasks:
@@ -128,8 +162,7 @@ def paired_tables(exp: ExperimentView, method: str, base: str, tasks: Sequence[s
     a, b = seed_tables(exp, method, tasks, metric, ids), seed_tables(exp, base, tasks, metric, ids)
     if a is None or b is None:
         return None
-    keys_a, keys_b = exp.seed_keys(method), exp.seed_keys(base)
-    return a, b, len(keys_a) > 1 and keys_a == keys_b
+    return a, b, nested(exp, method, base)
 
 
 def improvement_probability(exp: ExperimentView, method: str, other: str, tasks: Sequence[str],
@@ -165,8 +198,10 @@ def paired_difference(exp: ExperimentView, method: str, base: str, tasks: Sequen
         tables = paired_tables(exp, method, base, tasks, metric)
         if tables is None:
             return Cell(value, None, None, len(tasks))
-        lo, hi = two_level_interval(*tables, level=level, resamples=resamples, seed=seed)
-        return Cell(value, lo, hi, len(tasks))
+        a, b, pair = tables
+        covers = _covers(exp, [method, base], a) + ("; seeds paired (nested runs)" if pair else "")
+        sides = [(1.0, {t: a[t] - b[t] for t in a})] if pair else [(1.0, a), (-1.0, b)]
+        return _cell(value, seed_interval(sides, covers), level, len(tasks))
     per_task = {}
     for t in tasks:
         rows_m, rows_b = exp.problems(method, t), exp.problems(base, t)
@@ -176,5 +211,7 @@ def paired_difference(exp: ExperimentView, method: str, base: str, tasks: Sequen
         if not ids:
             return Cell(value, None, None, len(tasks))
         per_task[t] = metric_column(rows_m, ids, metric) - metric_column(rows_b, ids, metric)
-    lo, hi = bootstrap_task_average(per_task, level, resamples, seed)
-    return Cell(value, lo, hi, len(tasks))
+    reps = bootstrap_replicates(per_task, resamples, seed)
+    est = None if reps is None else Estimate(value, "percentile", _covers(exp, [method, base], per_task),
+                                             replicates=reps)
+    return _cell(value, est, level, len(tasks))

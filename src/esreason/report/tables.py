@@ -143,9 +143,10 @@ def metric_table(exp: Experiment, family: str = "pass") -> Table | None:
     for m in methods:
         for t in tasks:
             for metric, _ in cols:
-                c = exp.cell(m, t, metric)
+                c = average(exp, m, [t], metric)  # the summary's value, the report's interval
                 if c is not None:
-                    cells[(m, t, metric)] = c
+                    cells[(m, t, metric)] = Cell(c.value, c.low, c.high, (exp.cell(m, t, metric) or c).n,
+                                                 estimate=c.estimate)
         for metric, _ in cols:
             c = average(exp, m, tasks, metric)
             if c is not None:
@@ -334,8 +335,9 @@ def _compare(exp: Experiment, method: str, base: str, task: str, k: int) -> Comp
     assert diff is not None  # both cells exist
     below = a.value < b.value  # type: ignore[operator]
     if diff.high is not None:
+        test = "seed-level t" if diff.estimate is not None and diff.estimate.kind == "t" else "paired bootstrap"
         return Comparison(method, task, k, a.value, b.value, diff, below,  # type: ignore[arg-type]
-                          below and diff.high < 0, "paired bootstrap")
+                          below and diff.high < 0, test)
     if a.high is not None and b.low is not None:
         return Comparison(method, task, k, a.value, b.value, diff, below,  # type: ignore[arg-type]
                           below and a.high < b.low, "summary intervals")

@@ -1,0 +1,241 @@
+"""The report's intervals (issue 25): t quantiles without scipy, the seed-level variance-components
+interval against hand computations, its coverage by simulation at the demo's shape, the resample
+count's stability, Holm over the family of claims and the verdict words."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from esreason.report.components import Estimate, moments, seed_interval
+from esreason.report.coverage import Shape, coverage
+from esreason.report.tdist import t_cdf, t_quantile, t_two_sided_p
+
+# ----------------------------------------------------------------------------- t distribution
+
+
+@pytest.mark.parametrize(("df", "q975"), [(1, 12.706205), (2, 4.302653), (3, 3.182446), (4, 2.776445),
+                                          (10, 2.228139), (30, 2.042272), (math.inf, 1.959964)])
+def test_t_quantiles_match_the_printed_table(df, q975):
+    assert t_quantile(0.975, df) == pytest.approx(q975, abs=2e-6)
+    assert t_quantile(0.025, df) == pytest.approx(-q975, abs=2e-6)
+
+
+def test_t_cdf_matches_closed_forms():
+    for t in (-3.0, -0.4, 0.0, 0.7, 5.0):
+        assert t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)  # Cauchy
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    assert t_two_sided_p(2.0, 5) == pytest.approx(0.101939, abs=1e-6)
+    assert t_quantile(1 - 0.0025, 2.37) == pytest.approx(-t_quantile(0.0025, 2.37))
+    assert t_cdf(t_quantile(0.99, 7.3), 7.3) == pytest.approx(0.99, abs=1e-10)  # non-integer df
+
+
+# ----------------------------------------------------------------------------- variance components
+
+
+def test_seed_term_is_the_between_seed_variance_minus_the_residual_part():
+    # One task, 3 seeds x 4 problems, and Base on the same problems (one row).
+    a = np.array([[0.5, 0.6, 0.2, 0.9],
+                  [0.7, 0.6, 0.4, 0.9],
+                  [0.3, 0.5, 0.3, 0.8]])
+    base = np.array([[0.4, 0.5, 0.2, 0.7]])
+    m = moments([(1.0, {"t": a}), (-1.0, {"t": base})], cap_df=False)
+    d = a.mean(0) - base[0]  # per-problem difference of seed means
+    prob = d.var(ddof=1) / 4
+    rows = a.mean(1)
+    resid = a - a.mean(1, keepdims=True) - a.mean(0, keepdims=True) + a.mean()
+    ms_res = (resid ** 2).sum() / (2 * 3)
+    seed = rows.var(ddof=1) / 3 - ms_res / (4 * 3)
+    assert seed > 0
+    assert float(m.value) == pytest.approx(a.mean() - base.mean())
+    assert float(m.var) == pytest.approx(prob + seed)
+    # Satterthwaite over the mean squares, then capped at the seeds' S - 1 = 2 df
+    satt = (prob + seed) ** 2 / (prob ** 2 / 3 + (rows.var(ddof=1) / 3) ** 2 / 2 + (ms_res / 12) ** 2 / 6)
+    assert float(m.df) == pytest.approx(satt)
+    assert float(moments([(1.0, {"t": a}), (-1.0, {"t": base})]).df) == pytest.approx(min(satt, 2.0))
+
+
+def test_a_constant_seed_shift_is_seed_variance_and_equal_seeds_have_none():
+    rng = np.random.default_rng(0)
+    x = rng.random((1, 50))
+    same = np.repeat(x, 3, axis=0)  # three identical seeds: no seed term, the problem term alone
+    m = moments([(1.0, {"t": same})])
+    assert float(m.var) == pytest.approx(x.var(ddof=1) / 50) and math.isinf(float(m.df)) or float(m.df) > 40
+    shifted = same + np.array([[-0.01], [0.0], [0.01]])  # seeds differ by a constant: pure seed effect
+    m2 = moments([(1.0, {"t": shifted})])
+    assert float(m2.var) == pytest.approx(x.var(ddof=1) / 50 + 0.01 ** 2 / 3)
+
+
+def test_nested_runs_pair_seeds_and_independent_runs_do_not():
+    # Composition seed s continues ES seed s: the seed effect cancels in the seed-by-seed difference.
+    es = np.array([[0.9, 0.8, 0.7], [0.3, 0.2, 0.1]])
+    comp = es + 0.1
+    nested = seed_interval([(1.0, {"t": comp - es})], "nested")
+    independent = seed_interval([(1.0, {"t": comp}), (-1.0, {"t": es})], "independent")
+    assert nested.value == pytest.approx(0.1) and nested.se == pytest.approx(0.0, abs=1e-12)
+    assert independent.se > 0.2  # the two seeds' spread enters twice
+
+
+def test_estimate_interval_and_p_value_agree():
+    e = Estimate(0.02, "t", "x", se=0.008, df=4.0)
+    lo, hi = e.interval(0.95)
+    assert lo == pytest.approx(0.02 - 2.776445 * 0.008, abs=1e-8)
+    p = e.p_value()
+    lo_p, _ = e.interval(1 - p)
+    assert lo_p == pytest.approx(0.0, abs=1e-9)  # the interval at level 1 - p touches 0
+    reps = np.linspace(-0.01, 0.05, 60001)
+    b = Estimate(0.02, "percentile", "x", replicates=reps)
+    assert b.p_value() == pytest.approx(2 * (1 / 6), abs=1e-4)
+    assert b.interval(0.95)[0] == pytest.approx(-0.01 + 0.025 * 0.06, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- coverage (issue 25)
+
+SHAPE = Shape()  # the demo: 3 tasks x 256 problems x 32 samples, logit-normal difficulty
+
+
+@pytest.mark.parametrize("seed_sd_pp", [0.0, 1.0, 2.0])
+@pytest.mark.parametrize("seeds", [3, 5])
+@pytest.mark.parametrize("comparison", ["independent", "base"])
+def test_seed_level_interval_covers_at_3_and_5_seeds(comparison, seeds, seed_sd_pp):
+    cov = coverage(SHAPE, comparison, seeds, seed_sd_pp, experiments=400)
+    assert 0.92 <= cov <= 0.99, cov
+
+
+@pytest.mark.parametrize("seed_sd_pp", [0.0, 2.0])
+def test_one_seed_interval_covers_its_own_seed(seed_sd_pp):
+    # One training seed: the interval is the problem bootstrap, labelled "evaluation noise only";
+    # it covers that seed's own truth (not the population over seeds).
+    cov = coverage(SHAPE, "independent", 1, seed_sd_pp, experiments=400, resamples=1000)
+    assert 0.92 <= cov <= 0.99, cov
+
+
+# ----------------------------------------------------------------------------- resampling
+
+
+def test_lattice_endpoints_do_not_jump_a_lattice_step_between_bootstrap_seeds():
+    # Pass@32-like 0/1 scores on 256 problems: replicate means lie on a 1/256 lattice; the
+    # continuity-corrected percentile moves continuously with the Monte Carlo noise.
+    from esreason.report.resample import percentile, task_average_replicates
+
+    x = (np.arange(256) % 4 != 0).astype(float)  # 75 % solved
+    ends = np.array([percentile(task_average_replicates({"t": x}, 50_000, b), 0.95) for b in range(3)])
+    assert (ends.max(0) - ends.min(0)).max() < 0.002  # a plain percentile jumps 1/256 = 0.0039
+    lo, hi = ends.mean(0)
+    se = x.std(ddof=1) / 16
+    assert lo == pytest.approx(0.75 - 1.96 * se, abs=0.002) and hi == pytest.approx(0.75 + 1.96 * se, abs=0.002)
+
+
+def test_resample_counts_are_chunked_prefixes_and_match_a_direct_bootstrap():
+    from esreason.report.resample import problem_counts, replicate_means
+
+    small, large = problem_counts(3, "t", 10, 6000), problem_counts(3, "t", 10, 12000)
+    assert small.dtype == np.uint8 and (small == large[:6000]).all() and (small.sum(1) == 10).all()
+    x = np.array([0.0, 1.0, np.nan, 0.5, 0.25, 1.0, 0.0, 0.0, 1.0, 0.5])
+    means = replicate_means(x, small[:3])
+    for row, m in zip(small[:3], means):
+        draws = np.repeat(x, row)
+        assert m == pytest.approx(np.nanmean(draws))
+
+
+# ----------------------------------------------------------------------------- family and Holm
+
+
+def _est(value, se):
+    return Estimate(value, "t", "x", se=se, df=math.inf)
+
+
+def test_holm_adjusts_step_down():
+    from esreason.report.family import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5]) == [0.5]
+
+
+def test_two_views_are_one_claim_and_a_family_decides_after_holm():
+    from esreason.report.family import ClaimTest, Part, decide
+    from esreason.report.verdicts import AGREES, BORDERLINE, CONTRADICTED, HOLDS, INCONCLUSIVE
+
+    strong = ClaimTest([[Part(_est(0.05, 0.01), 1)]])  # z = 5
+    views = ClaimTest([[Part(_est(0.05, 0.01), 1), Part(_est(0.02, 0.01), 1)]])  # Pass@16 / Pass@32
+    assert views.case == "for" and views.p == pytest.approx(Estimate(0.02, "t", "", 0.01, math.inf).p_value())
+    against = ClaimTest([[Part(_est(0.04, 0.01), 1), Part(_est(0.04, 0.01), -1)]])  # ES up, GRPO *up*
+    assert against.case == "against"
+    weak = ClaimTest([[Part(_est(0.02, 0.01), 1)]])  # z = 2: p 0.046, fails after Holm with 4 members
+    verdicts = [d.verdict for d in decide([strong, views, against, weak])]
+    assert verdicts == [HOLDS, AGREES, CONTRADICTED, AGREES]
+    assert decide([ClaimTest([[Part(_est(0.025, 0.01), 1)]])])[0].verdict == HOLDS  # alone, p 0.012
+    assert decide([ClaimTest([[Part(_est(-0.01, 0.01), 1)]])])[0].verdict == INCONCLUSIVE
+    # an interval end within the stated stability of 0 at the claim's Holm level: borderline
+    edge = ClaimTest([[Part(_est(1.96 * 0.01 + 0.0002, 0.01), 1)]])
+    assert decide([edge])[0].verdict == BORDERLINE
+
+
+def test_most_tasks_claim_needs_k_of_t_with_a_bonferroni_factor():
+    from esreason.report.family import ClaimTest, Part
+
+    tasks = [[Part(_est(-0.05, 0.01), -1), Part(_est(-0.04, 0.01), -1)],  # below at both K
+             [Part(_est(-0.03, 0.01), -1), Part(_est(-0.03, 0.01), -1)],
+             [Part(_est(0.02, 0.01), -1), Part(_est(-0.01, 0.01), -1)]]  # not below at every K
+    t = ClaimTest(tasks, need=2)
+    p_task2 = Estimate(-0.03, "t", "", 0.01, math.inf).p_value()
+    assert t.case == "for" and t.p == pytest.approx(2 * p_task2)  # 2nd smallest x (3 - 2 + 1)
+    assert t.point_agrees and t.margin(0.05) > 0
+
+
+def test_verdict_words_cannot_be_read_as_support():
+    from esreason.report.verdicts import AGREES, VERDICTS
+
+    assert AGREES.startswith("not significant") and "borderline" in VERDICTS
+
+
+# ----------------------------------------------------------------------------- small defects (issue 25)
+
+
+def test_variance_source_says_no_interval_when_there_is_none():
+    from esreason.report.seeds import variance_source
+
+    class Exp:
+        def seed_keys(self, m):
+            return ["0", "1", "2"]
+
+    assert variance_source(Exp(), ["es", "grpo"], [], has_interval=False) == "no interval"
+
+
+def test_seeds_pair_only_for_nested_runs():
+    from types import SimpleNamespace
+
+    from esreason.report.stats import nested
+
+    class Exp:
+        methods = {k: SimpleNamespace(role=k) for k in ("es", "grpo", "es_grpo", "grpo_es")}
+
+        def seed_keys(self, m):
+            return ["0", "1", "2"]
+
+    e = Exp()
+    assert nested(e, "es_grpo", "es") and nested(e, "grpo", "grpo_es")
+    assert not nested(e, "es", "grpo") and not nested(e, "es_grpo", "grpo")
+
+
+def test_entropy_interval_is_welch_over_every_seed():
+    from esreason.report.findings import welch_estimate
+
+    grpo, es = [-0.005, -0.004, -0.0045], [-0.001, -0.0008, -0.0009]
+    e = welch_estimate(grpo, es, "3 + 3 training seeds")
+    vx, vy = np.var(grpo, ddof=1) / 3, np.var(es, ddof=1) / 3
+    assert e.value == pytest.approx(np.mean(grpo) - np.mean(es))
+    assert e.se == pytest.approx(math.sqrt(vx + vy))
+    assert e.df == pytest.approx((vx + vy) ** 2 / (vx ** 2 / 2 + vy ** 2 / 2))
+    assert welch_estimate([0.1], es, "x") is None
+
+
+def test_one_resample_default():
+    from esreason.report.load import Experiment
+    from esreason.report.resample import RESAMPLES
+
+    exp = Experiment.__new__(Experiment)
+    exp.methods = {}
+    assert exp.bootstrap_settings() == (0.95, RESAMPLES, 0) and RESAMPLES == 50_000
