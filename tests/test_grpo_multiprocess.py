@@ -32,6 +32,8 @@ from esreason.grpo.distributed import Processes
 from esreason.grpo.plan import plan_batches
 from esreason.grpo.run import run_grpo
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = ROOT / "configs" / "demo" / "grpo.yaml"
 ACCEL = ROOT / "configs" / "accelerate"
@@ -310,7 +312,6 @@ from esreason.backends.hf import load_model
 from esreason.grpo.callbacks import write_hf_checkpoint
 from esreason.grpo.distributed import full_state_dict
 
-pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
 
 out = Path(sys.argv[1])
 dist.init_process_group("gloo")

@@ -402,7 +402,7 @@ def test_shared_prefix_prefill_gives_the_same_outputs(model, tok, prompts, cache
         for params in (SamplingParams(20, temperature=0.8, top_p=0.9, seed=5, compute_entropy=True),
                        SamplingParams(20, compute_entropy=True)):
             fed.clear()
-            shared = Sampler(model, tok, batch_size=10, cache=cache).generate(rows, params)
+            shared = Sampler(model, tok, batch_size=10, cache=cache, share_prefix=True).generate(rows, params)
             prefill_rows = fed[0]
             fed.clear()
             full = Sampler(model, tok, batch_size=10, cache=cache, share_prefix=False).generate(rows, params)

@@ -16,15 +16,16 @@ How a call runs
    ``batch_size``; each chunk is left-padded, with an attention mask and position ids
    that start at 0 on each row's first real token, exactly as ``generate`` does. Results
    come back in prompt order.
-3. One prefill forward over the padded chunk's *distinct* prompts (``share_prefix``, default on:
-   an evaluation call holds every problem 32 times; each distinct row is prefilled once and its
-   logits and KV cache are copied to its duplicates, with the same padding and positions). The
-   prefill GEMMs then have fewer rows; where the BLAS blocks by row count this can move the last
-   bits of a logit, like any change of batch composition (see Reproducibility). Measured: at the
-   demo's shapes (embedded default, 16 problems x 32 samples) outputs and entropy sums are
-   bit-identical to prefilling every row, with about 10 % less CPU time per evaluation call; on
-   the suite's tiny model token ids are identical and entropy sums agree to ~1e-8 relative
-   (tests/test_sampling.py). Then one forward per new token, feeding the
+3. One prefill forward over the padded chunk (with ``share_prefix=True``: over its *distinct*
+   prompts only; an evaluation call holds every problem 32 times, so each distinct row is
+   prefilled once and its logits and KV cache are copied to its duplicates, with the same padding
+   and positions). Off by default: the prefill GEMMs then have fewer rows, and where the BLAS
+   blocks by row count this moves the last bits of a logit. Measured: at the demo's shapes
+   (embedded default, 16 problems x 32 samples) outputs are bit-identical with 12 % less CPU per
+   evaluation call (benchmarks/shared_prefix.py); on the suite's tiny model and on small calls
+   split over evaluation engines, token ids stay identical but entropy sums move by ~1e-6
+   relative, which breaks the exact E-engines-equal-one-engine contract of docs/evaluation.md
+   and the hf-equals-batched contract of ES training. Then one forward per new token, feeding the
    KV cache (under the keyword the installed transformers expects: ``past_key_values`` up to
    5.23, ``cache`` from 5.24; :func:`esreason.backends.kvcache.cache_keyword`). With ``cache="auto"`` (default) that is a ``DynamicCache``
    whose layers write into buffers allocated once for prompt + response
@@ -160,12 +161,13 @@ class Sampler:
     cache: "auto" (preallocated KV buffers where the model allows) or "dynamic" (the
         model's default ``DynamicCache``).
     share_prefix: prefill each distinct prompt of a chunk once and copy its logits and KV
-        cache to the rows that repeat it (same outputs; 32 samples per problem prefill 1/32).
+        cache to the rows that repeat it (32 samples per problem prefill 1/32; same token ids,
+        logits equal up to float32 rounding; off by default, see step 3 above).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 256, device: Any = None,
                  sort_by_length: bool = True, compact: bool = True, cache: str = "auto",
-                 share_prefix: bool = True) -> None:
+                 share_prefix: bool = False) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if cache not in ("auto", "dynamic"):

@@ -239,7 +239,8 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
               "responses of the perturbed members at the run's generation temperature, greedy in the paper's "
               "setting; GRPO: samples at its rollout temperature, 1 in the paper), and a greedy reward and a "
               "sampled one are different quantities, so they never share an axis; a composition's two stages "
-              "sit in the panels of their own measures.", ""]
+              "sit in the panels of their own measures. In a reward panel the faint points are single updates "
+              "and the line is the mean of the last 5 updates of the same stage.", ""]
     lines += [markdown.image(files["training"].name, "training curves"), ""] if "training" in files else [
         "_No figure._", ""]
     lines += _table_section(parts.change, "7", "Held-out change vs base",

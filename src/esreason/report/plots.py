@@ -257,8 +257,8 @@ def _panel_text(key: str) -> tuple[str, str]:
     """(title, y label) of a panel. A reward panel names its measure in both (issue 27)."""
     measure = panel_measure(key)
     if measure is not None:
-        return (f"Training reward, rollouts {measure}\n(faint: per update; line: mean of last {REWARD_WINDOW})",
-                f"mean reward, {measure.split(' (')[0]}")
+        return (f"Training reward: {measure}",
+                f"mean reward, {measure.split(' (')[0]} (line: last {REWARD_WINDOW})")
     if key in _PANEL_TITLES:
         return _PANEL_TITLES[key]
     metric = key.split("/", 1)[1]
