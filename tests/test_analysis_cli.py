@@ -19,6 +19,8 @@ from safetensors.torch import load_file
 from esreason.analysis.command import register
 from esreason.errors import UserError
 
+pytestmark = pytest.mark.heavy  # the fast subset (`--fast`) leaves this file out: tests/conftest.py
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
