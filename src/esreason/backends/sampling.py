@@ -283,9 +283,11 @@ class Sampler:
         (``reorder_cache`` with the row -> distinct-prompt map). Every GEMM row, attention row and
         normalisation is computed per row, so the copied values are the bits a full prefill gives.
         """
+        if not self.share_prefix:
+            return self._forward(ids, mask, pos, cache)
         first: dict[tuple[int, ...], int] = {}
         source = [first.setdefault(tuple(r), j) for j, r in enumerate(rows)]  # [B] first row of each prompt
-        if not self.share_prefix or len(first) == len(rows):
+        if len(first) == len(rows):
             return self._forward(ids, mask, pos, cache)
         unique = sorted(first.values())  # [U] chunk rows that are fed
         slot = {j: u for u, j in enumerate(unique)}
