@@ -29,9 +29,12 @@ def pytest_addoption(parser):
 
 #: Test files that take longest on one worker (measured, README "Tests"), started first: with test
 #: files spread over workers (pytest-xdist, --dist loadfile) the suite's wall time is at least its
-#: longest file, and a long file started last runs alone at the end.
-LONGEST_FIRST = ("test_es_improves.py", "test_es_train.py", "test_grpo_run.py", "test_grpo_multiprocess.py",
-                 "test_vllm_eval.py", "test_seeds.py", "test_ray_sharded.py")
+#: longest file, and a long file started last runs alone at the end. xdist hands out files in this
+#: order only with --no-loadscope-reorder (addopts; its default reorders files by test count, which
+#: started the two-test test_es_improves.py near the end). The ES run and its control are two files
+#: so that they train at the same time, one per worker (tests/shared_results.py).
+LONGEST_FIRST = ("test_es_improves.py", "test_es_control.py", "test_es_train.py", "test_grpo_run.py",
+                 "test_grpo_multiprocess.py", "test_vllm_eval.py", "test_seeds.py", "test_ray_sharded.py")
 
 
 def _longest_first(items: list) -> None:

@@ -108,7 +108,7 @@ def test_seed_level_interval_covers_at_3_and_5_seeds(comparison, seeds, seed_sd_
 def test_one_seed_interval_covers_its_own_seed(seed_sd_pp):
     # One training seed: the interval is the problem bootstrap, labelled "evaluation noise only";
     # it covers that seed's own truth (not the population over seeds).
-    cov = coverage(SHAPE, "independent", 1, seed_sd_pp, experiments=400, resamples=1000)
+    cov = coverage(SHAPE, "independent", 1, seed_sd_pp, experiments=400)
     assert 0.92 <= cov <= 0.99, cov
 
 
@@ -126,6 +126,114 @@ def test_lattice_endpoints_do_not_jump_a_lattice_step_between_bootstrap_seeds():
     lo, hi = ends.mean(0)
     se = x.std(ddof=1) / 16
     assert lo == pytest.approx(0.75 - 1.96 * se, abs=0.002) and hi == pytest.approx(0.75 + 1.96 * se, abs=0.002)
+
+
+def _binomial_knots(n, p):
+    from esreason.report.resample import cdf_knots
+
+    pmf = np.array([math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(n + 1)])
+    return cdf_knots(np.arange(n + 1) / n, pmf / pmf.sum())
+
+
+def test_exact_bootstrap_of_zero_one_scores_is_the_binomial():
+    # Resampling n 0/1 scores with k ones: the replicate sum is Binomial(n, k/n), exactly.
+    from esreason.report.exact import exact_distribution
+    from esreason.report.resample import cdf_knots, knots_interval, knots_p
+
+    x = (np.arange(256) % 4 != 0).astype(float)
+    atoms, mass = exact_distribution({"t": x})
+    ref = _binomial_knots(256, 0.75)
+    for level in (0.5, 0.95, 0.99):
+        assert knots_interval(cdf_knots(atoms, mass), level) == pytest.approx(knots_interval(ref, level), abs=1e-12)
+    d = x - 0.7  # shifted: the p-value reads F(0) of the same shape
+    atoms, mass = exact_distribution({"t": d})
+    shifted = (ref[0] - 0.7, ref[1])
+    assert knots_p(cdf_knots(atoms, mass)) == pytest.approx(knots_p(shifted), abs=1e-12)
+
+
+def _pass1(rng, n, samples=32):
+    return rng.binomial(samples, rng.uniform(0, 1, n)) / samples
+
+
+def _pass_k(rng, n, k=16, samples=32):
+    c = rng.binomial(samples, rng.uniform(0, 1, n))
+    return np.array([1 - math.comb(samples - ci, k) / math.comb(samples, k) for ci in c])
+
+
+@pytest.mark.parametrize("kind", ["pass@1 difference", "pass@16 level", "pass@16 difference"])
+def test_exact_bootstrap_has_the_bootstrap_mean_and_variance(kind):
+    # The exact distribution of the equal-weight task average of n_t draws per task: mean the task
+    # average, variance sum_t var_t / (n_t T^2) (population variance of a task's values). Lattice
+    # values (pass@1 over 32 samples) are exact; binned ones (pass@16) add at most h^2/4 per draw.
+    from esreason.report.exact import GRID, exact_distribution
+
+    rng = np.random.default_rng(7)
+    sizes = {"a": 256, "b": 200, "c": 64}
+    if kind == "pass@1 difference":
+        per_task = {t: _pass1(rng, n) - _pass1(rng, n) for t, n in sizes.items()}
+    elif kind == "pass@16 level":
+        per_task = {t: _pass_k(rng, n) for t, n in sizes.items()}
+    else:
+        per_task = {t: _pass_k(rng, n) - _pass1(rng, n) for t, n in sizes.items()}
+    atoms, mass = exact_distribution(per_task)
+    assert mass.sum() == pytest.approx(1.0, abs=1e-12) and (np.diff(atoms) > 0).all()
+    mean = atoms @ mass
+    var = ((atoms - mean) ** 2) @ mass
+    t = len(per_task)
+    assert mean == pytest.approx(np.mean([x.mean() for x in per_task.values()]), abs=1e-10)
+    want = sum(x.var() / (x.size * t * t) for x in per_task.values())
+    binning = 0.0 if kind == "pass@1 difference" else sum(x.size for x in per_task.values()) * GRID ** 2 / 4
+    # (rtol 1e-6: atoms lighter than 1e-13, far in the tails, are dropped)
+    assert want * (1 - 1e-6) <= var <= (want + binning) * (1 + 1e-6)
+
+
+def test_exact_bootstrap_matches_many_resamples_and_a_finer_grid():
+    import esreason.report.exact as exact
+    from esreason.report.resample import cdf_knots, knots_interval, percentile, task_average_replicates
+
+    rng = np.random.default_rng(3)
+    per_task = {t: _pass_k(rng, 256) - _pass1(rng, 256) for t in "abc"}
+    ends = knots_interval(cdf_knots(*exact.exact_distribution(per_task)), 0.95)
+    mc = percentile(task_average_replicates(per_task, 200_000, 1), 0.95)
+    # Monte Carlo error of a 2.5 % endpoint at R = 200,000: about 2.7 sd / sqrt(R) = 0.006 sd
+    sd = math.sqrt(sum(x.var() / (x.size * 9) for x in per_task.values()))
+    assert ends == pytest.approx(mc, abs=4 * 0.006 * sd)
+    grid = exact.GRID
+    try:
+        exact.GRID = grid / 10
+        fine = knots_interval(cdf_knots(*exact.exact_distribution(per_task)), 0.95)
+    finally:
+        exact.GRID = grid
+    assert ends == pytest.approx(fine, abs=1e-6)  # 1e-4 pp
+
+
+def test_report_estimate_is_exact_without_missing_values_and_resamples_with_them():
+    from esreason.report.stats import bootstrap_estimate
+
+    rng = np.random.default_rng(5)
+    x = {"a": _pass1(rng, 256), "b": _pass1(rng, 128)}
+    ends = {bootstrap_estimate(0.0, x, "", 50_000, b).interval(0.95) for b in range(3)}
+    assert len(ends) == 1  # the same endpoints whatever the bootstrap seed
+    est = bootstrap_estimate(0.0, x, "", 50_000, 0)
+    assert est.cdf is not None and est.replicates is None
+    x["a"][3] = np.nan
+    est = bootstrap_estimate(0.0, x, "", 5_000, 0)
+    assert est.cdf is None and est.replicates is not None and est.replicates.size == 5_000
+
+
+def test_one_seed_probability_of_improvement_is_exact():
+    from esreason.report.hierarchical import probability_of_improvement
+
+    rng = np.random.default_rng(11)
+    a = {t: _pass1(rng, 256, 8) for t in "ab"}
+    b = {t: _pass1(rng, 256, 8) for t in "ab"}
+    p1, lo1, hi1 = probability_of_improvement(a, b, resamples=1000, seed=0)
+    p2, lo2, hi2 = probability_of_improvement(a, b, resamples=1000, seed=1)
+    assert (p1, lo1, hi1) == (p2, lo2, hi2) and lo1 < p1 < hi1
+    # against the two-level Monte Carlo at one seed a side (two seeds' rows that are equal)
+    a2 = {t: np.stack([x, x]) for t, x in a.items()}
+    _, lo_mc, hi_mc = probability_of_improvement(a2, b, resamples=50_000, seed=0)
+    assert (lo1, hi1) == pytest.approx((lo_mc, hi_mc), abs=0.004)
 
 
 def test_resample_counts_are_chunked_prefixes_and_match_a_direct_bootstrap():

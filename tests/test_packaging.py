@@ -130,5 +130,6 @@ def test_suite_runs_on_parallel_workers_by_default():
     (module fixtures built once); pytest-xdist is a dev dependency pinned for CI."""
     addopts = _pyproject()["tool"]["pytest"]["ini_options"]["addopts"]
     assert "-n auto" in addopts and "--maxprocesses=4" in addopts and "--dist loadfile" in addopts
+    assert "--no-loadscope-reorder" in addopts  # else xdist reorders files by test count, not LONGEST_FIRST
     assert any(_name(r) == "pytest-xdist" for r in _pyproject()["project"]["optional-dependencies"]["dev"])
     assert "pytest-xdist==" in (REPO / ".ci" / "constraints.txt").read_text()

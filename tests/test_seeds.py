@@ -234,7 +234,7 @@ def test_two_seed_report_pools_seeds_and_names_the_variance_of_every_verdict(two
     md = (out / "report" / "report.md").read_text()
     for needle in ("seed-level t-intervals", "training seeds: GRPO: 0, 1; ES: 0, 1", "Per seed",
                    "P(improvement)", "2 training seeds × 4 problems per task", "never between independently trained",
-                   "estimand: ", "Holm", "family-wise", "bootstrap resamples"):
+                   "estimand: ", "Holm", "family-wise", "exact distribution"):
         assert needle in md, needle
     pareto = next(p for p in report["pareto"] if p["key"] == "__average__")
     assert len(pareto["seed_points"]["es"]) == 2 and "base" not in pareto["seed_points"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esreason.errors import UserError
+from esreason.experiments import memplan
 from esreason.experiments import plan_table as tab
 from esreason.experiments.spec import TRAINED, ExperimentSpec
 
@@ -50,6 +51,10 @@ class Stage:
     gpus: int
     wall_hours: float
     memory_gib_per_gpu: dict[str, float] = field(default_factory=dict)
+    roles: Any = None
+    """GPU memory in GiB -> this stage's :class:`esreason.experiments.memplan.Role` list (issue 23)."""
+    memory: dict[str, Any] = field(default_factory=dict)
+    """Per-GPU memory terms of each role at the plan's GPU type, and a verdict per GPU type."""
 
     @property
     def gpu_hours(self) -> float:
@@ -58,7 +63,8 @@ class Stage:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "runs_on": self.runs_on, "responses": self.responses, "tokens": self.tokens,
                 "gpu_hours": round(self.gpu_hours, 2), "gpus": self.gpus, "wall_hours": round(self.wall_hours, 3),
-                "memory_gib_per_gpu": {k: round(v, 1) for k, v in self.memory_gib_per_gpu.items()}}
+                "memory_gib_per_gpu": {k: round(v, 1) for k, v in self.memory_gib_per_gpu.items()},
+                "memory": self.memory}
 
 
 class _Ctx:
@@ -157,12 +163,15 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         # GPU 0 holds its engine plus the trainer's CUDA context and noise blocks only.
         memory = {"engine": engine_gib, "gpu0_with_trainer": engine_gib + ctx.const("trainer_gpu_gib"),
                   "trainer_host": trainer}
-        return Stage(name, where, responses + heldout, round(tokens), engines, wall / 3600, memory)
+        trainer_gpu = ctx.const("trainer_gpu_gib")
+        return Stage(name, where, responses + heldout, round(tokens), engines, wall / 3600, memory,
+                     roles=lambda gib: memplan.es_roles(cfg, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [])
     wall = tokens / ctx.rate("hf") + updates * ctx.hbm_seconds(
         n * (BYTES_PER_PARAM["perturb"] + BYTES_PER_PARAM["restore"] + 2 * BYTES_PER_PARAM["draw"]
              + BYTES_PER_PARAM["accumulate"]) + BYTES_PER_PARAM["apply"])
     where = f"HF transformers sampler, in-process ({be.type}), 1 GPU, members one {'batch' if be.type == 'batched' else 'at a time'}"
-    return Stage(name, where, responses + heldout, round(tokens), 1, wall / 3600, {"trainer": trainer})
+    return Stage(name, where, responses + heldout, round(tokens), 1, wall / 3600, {"trainer": trainer},
+                 roles=lambda gib: memplan.es_roles(cfg, 1, gib, 0.0, 0.0) if _on_gpu(cfg) else [])
 
 
 def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
@@ -204,7 +213,8 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         ctx.notes.append(f"{name}: {per_gpu:.0f} GiB of training state per GPU + vLLM's share does not fit "
                          f"{ctx.gpu['memory_gib']:.0f} GiB with the activation reserve")
     return Stage(name, f"{layout}; {rollouts}", responses + heldout, round(rollout_tokens + heldout_tokens), procs,
-                 (gen + train) / 3600, memory)
+                 (gen + train) / 3600, memory,
+                 roles=lambda gib: memplan.grpo_roles(cfg, procs, sharding, gib) if _on_gpu(cfg) else [])
 
 
 def _eval_stage(ctx: _Ctx, name: str) -> Stage:
@@ -221,9 +231,44 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
         frac = ctx.const("eval_memory_fraction")
         where = f"{engines} vLLM engine{'s' if engines > 1 else ''} (1 GPU each) + teacher-forced entropy pass"
         return Stage(name, where, responses, round(tokens), engines, wall / 3600,
-                     {"engine": frac * ctx.gpu["memory_gib"]})
+                     {"engine": frac * ctx.gpu["memory_gib"]}, roles=lambda gib: _eval_roles(ctx, gib))
     return Stage(name, "HF transformers sampler, 1 GPU", responses, round(tokens), 1,
-                 tokens / ctx.rate("hf") / 3600, {"model": 2 * ctx.params / GIB})
+                 tokens / ctx.rate("hf") / 3600, {"model": 2 * ctx.params / GIB}, roles=lambda gib: _eval_roles(ctx, gib))
+
+
+def _on_gpu(cfg: Any) -> bool:
+    return str(cfg.device).startswith("cuda")
+
+
+def _eval_roles(ctx: _Ctx, gib: float) -> list:
+    """The evaluation engine's roles, in the dtype and on the device the runner evaluates with."""
+    from esreason.backends.vllm_eval import EvalEngineOptions
+    from esreason.eval.scoring import TOKENS_PER_FORWARD
+    from esreason.experiments.spec import eval_settings
+
+    device, dtype = eval_settings(ctx.spec)
+    if not str(device).startswith("cuda"):
+        return []
+    util = EvalEngineOptions.__dataclass_fields__["gpu_memory_utilization"].default
+    return memplan.eval_roles(ctx.spec, gib, util, dtype, TOKENS_PER_FORWARD)
+
+
+def memory_verdicts(stage: Stage, gpu_type: str) -> dict[str, Any]:
+    """The stage's roles at ``gpu_type`` and a verdict for every GPU type (and the local GPU)."""
+    if stage.roles is None:
+        return {}
+    gpus = {k: v for k, v in memplan.GPU_MEMORY_GIB.items()}
+    local = memplan.local_gpu()
+    if local is not None:
+        gpus["local"] = local
+    plan_gib = memplan.GPU_MEMORY_GIB.get(gpu_type, gpus["h100"])[1]
+    roles = stage.roles(plan_gib)
+    if not roles:
+        return {"on_gpu": False}
+    verdicts = {}
+    for key, (label, gib) in gpus.items():
+        verdicts[key] = {"gpu": label, **memplan.verdict(stage.roles(gib), gib)}
+    return {"on_gpu": True, "gpu_type": gpu_type, "roles": memplan.roles_json(roles), "verdicts": verdicts}
 
 
 def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, Any]:
@@ -232,7 +277,6 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, 
 
     ctx = _Ctx(spec, gpus, gpu)
     stages: list[Stage] = []
-    limit = ctx.gpu["memory_gib"]
     for m in spec.methods:
         kinds = TRAINED.get(m.kind, ())
         budgets = (spec.updates,) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
@@ -242,8 +286,12 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, 
                           else _grpo_stage(ctx, spec.grpo, name, updates))
         stages.append(_eval_stage(ctx, f"eval/{m.name}"))
     for st in stages:
-        ctx.notes.extend(f"{st.name}: {k} needs {v:.0f} GiB, more than a {limit:.0f} GiB GPU"
-                         for k, v in st.memory_gib_per_gpu.items() if v > limit)
+        st.memory = memory_verdicts(st, gpu_type_key(gpu))
+        v = st.memory.get("verdicts", {}).get(gpu_type_key(gpu))
+        if v is not None and not v["fits"]:
+            ctx.notes.append(f"{st.name}: does not fit {v['gpu']}: {v['role']} needs {v['total_gib']:.1f} GiB of "
+                             f"{v['capacity_gib']:.1f}; largest term {v['term']} {v['term_gib']:.1f} GiB "
+                             f"(change: {v['key']})")
     ctx.notes = list(dict.fromkeys(ctx.notes))
     return {
         "experiment": spec.name, "model": spec.model, "parameters": ctx.params, "size_class": ctx.size,
@@ -254,6 +302,11 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, 
         "assumptions": [a.as_dict() for a in ctx.used.values()],
         "notes": ctx.notes,
     }
+
+
+def gpu_type_key(gpu: str) -> str:
+    """The memory table's key of the plan's ``--gpu-type`` (``a100`` is the 80 GB part)."""
+    return {"a100": "a100-80"}.get(gpu, gpu)
 
 
 def hf_only(spec: ExperimentSpec) -> ExperimentSpec:

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from esreason.errors import UserError
-from esreason.experiments.spec import TRAINED, ExperimentSpec, MethodSpec, load_spec
+from esreason.experiments.spec import TRAINED, ExperimentSpec, MethodSpec, eval_settings, load_spec
 
 EXPERIMENT_FILE = "experiment.json"
 SPEC_FILE = "experiment.yaml"
@@ -155,18 +155,10 @@ def _config_dict(cfg: Any) -> dict[str, Any]:
     return to_dict(cfg)
 
 
-def _eval_settings(spec: ExperimentSpec) -> tuple[str, str]:
-    """(device, dtype) for evaluation: those of the ES (else GRPO) config, else CPU fp32."""
-    for cfg in (spec.es, spec.grpo):
-        if cfg is not None:
-            return cfg.device, cfg.dtype
-    return "cpu", "float32"
-
-
 def _evaluate(model: str, spec: ExperimentSpec, out: Path, progress: bool) -> float:
     from esreason.eval.harness import evaluate
 
-    device, dtype = _eval_settings(spec)
+    device, dtype = eval_settings(spec)
     p = spec.eval
     t0 = time.perf_counter()
     evaluate(model, list(p.tasks), output_dir=out, samples=p.samples, temperature=p.temperature, top_p=p.top_p,
@@ -263,9 +255,28 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
 # --------------------------------------------------------------------------- CLI
 
 
+def _memory_check(spec: ExperimentSpec, args: argparse.Namespace) -> None:
+    """Refuse, before anything starts, a stage whose memory does not fit the GPU (issue 23): the GPU
+    torch sees, or ``--assume-gpu`` on a machine without one. ``--force`` skips the check."""
+    from esreason.experiments import memplan
+
+    if args.force:
+        return
+    if args.assume_gpu:
+        name, gib = memplan.GPU_MEMORY_GIB[args.assume_gpu]
+        memplan.check_fits(spec, args.assume_gpus, name, gib)
+        return
+    local = memplan.local_gpu()
+    if local is not None:
+        import torch
+
+        memplan.check_fits(spec, torch.cuda.device_count(), local[0], local[1])
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.file, args.set or [])
     output = Path(args.output) if args.output else Path("runs") / "experiments" / spec.name
+    _memory_check(spec, args)
     print(f"experiment {spec.name}: {', '.join(m.label for m in spec.methods)} -> {output}")
     result = run_experiment(spec, output, progress=not args.no_progress, report=not args.no_report)
     print(f"experiment directory: {result.output}")
@@ -280,5 +291,12 @@ def register(actions: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", help="experiment directory (default: runs/experiments/<name>); rerun to resume")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--force", action="store_true",
+                   help="run even where the memory plan says a stage does not fit the GPU")
+    from esreason.experiments.memplan import GPU_MEMORY_GIB
+
+    p.add_argument("--assume-gpu", choices=sorted(GPU_MEMORY_GIB),
+                   help="check the memory plan against this GPU type (default: the GPU torch sees; none: no check)")
+    p.add_argument("--assume-gpus", type=int, default=8, help="with --assume-gpu: GPUs of the node (default 8)")
     p.set_defaults(func=_cmd_run)
     return p

@@ -353,3 +353,11 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec
         data["configs"] = {k: (config_mapping(v, f"configs.{k}", base_dir) if k in cfg_over else v)
                            for k, v in data["configs"].items()}
     return parse_spec(merge(data, over), base_dir)
+
+
+def eval_settings(spec: ExperimentSpec) -> tuple[str, str]:
+    """(device, dtype) for evaluation: those of the ES (else GRPO) config, else CPU fp32."""
+    for cfg in (spec.es, spec.grpo):
+        if cfg is not None:
+            return cfg.device, cfg.dtype
+    return "cpu", "float32"

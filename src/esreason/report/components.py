@@ -115,7 +115,8 @@ class Estimate:
     """A difference (or a level) with what its interval needs, at any level.
 
     kind: ``"t"`` (seed-level variance components: ``se``, ``df``) or ``"percentile"`` (problem
-    bootstrap: ``replicates``). label: what the interval covers, in words.
+    bootstrap: its exact distribution as CDF knots ``cdf`` (:mod:`esreason.report.exact`), or Monte
+    Carlo ``replicates`` where a value is missing). label: what the interval covers, in words.
     """
 
     value: float
@@ -124,6 +125,7 @@ class Estimate:
     se: float | None = None
     df: float | None = None
     replicates: np.ndarray | None = None
+    cdf: tuple[np.ndarray, np.ndarray] | None = None
 
     def interval(self, level: float = 0.95) -> tuple[float | None, float | None]:
         """The equal-tailed ``level`` interval (None, None when there is none)."""
@@ -132,10 +134,12 @@ class Estimate:
                 return None, None
             half = t_quantile((1 + level) / 2, self.df) * self.se
             return self.value - half, self.value + half
+        from esreason.report.resample import knots_interval, percentile
+
+        if self.cdf is not None:
+            return knots_interval(self.cdf, level)
         if self.replicates is None:
             return None, None
-        from esreason.report.resample import percentile
-
         return percentile(self.replicates, level)
 
     def p_value(self) -> float | None:
@@ -146,10 +150,12 @@ class Estimate:
             if self.se == 0:
                 return 1.0 if self.value == 0 else 0.0
             return t_two_sided_p(self.value / self.se, self.df)
+        from esreason.report.resample import knots_p, percentile_p
+
+        if self.cdf is not None:
+            return knots_p(self.cdf)
         if self.replicates is None:
             return None
-        from esreason.report.resample import percentile_p
-
         return percentile_p(self.replicates)
 
     def as_dict(self) -> dict[str, object]:

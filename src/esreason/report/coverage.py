@@ -33,7 +33,8 @@ from functools import lru_cache
 import numpy as np
 
 from esreason.report.components import moments
-from esreason.report.resample import percentile
+from esreason.report.exact import exact_distribution
+from esreason.report.resample import cdf_knots, knots_interval
 from esreason.report.tdist import t_quantile
 
 _GH_X, _GH_W = np.polynomial.hermite_e.hermegauss(80)  # probabilists' Hermite: weight exp(-x^2/2)
@@ -151,18 +152,16 @@ def t_intervals(sides: list[tuple[float, dict[str, np.ndarray]]], level: float =
     return m.value - half, m.value + half
 
 
-def percentile_intervals(per_task: dict[str, np.ndarray], resamples: int, rng: np.random.Generator,
-                         level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """The shipped one-seed interval (problem bootstrap, :func:`esreason.report.resample.percentile`) of E experiments:
-    ``per_task`` holds per-problem differences [E, n]; one count matrix serves every experiment."""
-    total = 0.0
-    for x in per_task.values():
-        n = x.shape[-1]
-        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)  # [R, n]
-        total = total + counts @ x.T / n  # [R, E]
-    reps = total / len(per_task)
-    ends = np.array([percentile(reps[:, e], level) for e in range(reps.shape[1])], dtype=np.float64)
-    return ends[:, 0], ends[:, 1]
+def percentile_intervals(per_task: dict[str, np.ndarray], level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """The shipped one-seed interval of E experiments: the problem bootstrap's percentile interval,
+    read off its exact distribution (:func:`esreason.report.exact.exact_distribution`);
+    ``per_task`` holds per-problem differences [E, n]."""
+    ends = []
+    for e in range(next(iter(per_task.values())).shape[0]):
+        atoms, mass = exact_distribution({t: x[e] for t, x in per_task.items()})  # type: ignore[misc]
+        ends.append(knots_interval(cdf_knots(atoms, mass), level))
+    out = np.array(ends, dtype=np.float64)
+    return out[:, 0], out[:, 1]
 
 
 def crossed_bootstrap(sides: list[tuple[float, dict[str, np.ndarray]]], resamples: int, rng: np.random.Generator,
@@ -193,7 +192,7 @@ def coverage(shape: Shape, comparison: str, seeds: int, seed_sd_pp: float, exper
     """Fraction of ``experiments`` whose 95 % interval covers the truth.
 
     comparison: ``"base"`` (method a - Base) or ``"independent"`` (a - b, independent seeds).
-    method: ``"shipped"`` (t-interval for seeds > 1; the problem bootstrap of one seed, scored
+    method: ``"shipped"`` (t-interval for seeds > 1; the problem bootstrap of one seed, exact, scored
     against that seed's own truth), ``"crossed_paired"`` / ``"crossed_unpaired"`` (the replaced
     crossed bootstrap, seeds paired by index or not; scored against the population truth), or
     ``"t_seeds"`` (a plain t-interval over the S per-seed differences, reference).
@@ -208,7 +207,7 @@ def coverage(shape: Shape, comparison: str, seeds: int, seed_sd_pp: float, exper
         truth = shape.truth("a", sd_a, sim.alpha["a"][:, 0]) - (
             shape.truth("base", 0.0) if other == "base" else shape.truth("b", sd_a, sim.alpha["b"][:, 0]))
         diffs = {t: sim.tables["a"][t][:, 0] - sim.tables[other][t][:, 0] for t in sim.tables["a"]}
-        lo, hi = percentile_intervals(diffs, resamples, rng)
+        lo, hi = percentile_intervals(diffs)
     else:
         truth = shape.truth("a", sd_a) - shape.truth(other, sd_a)
         if method == "shipped":

@@ -174,9 +174,14 @@ def probability_of_improvement(per_task_a: Mapping[str, np.ndarray], per_task_b:
     point = float(np.mean([np.nanmean(c) for c in tables.values()]))
     if resamples < 1:
         return point, None, None
-    from esreason.report.resample import CHUNK, problem_counts
+    from esreason.report.exact import exact_distribution
+    from esreason.report.resample import CHUNK, cdf_knots, knots_interval, problem_counts
 
     s_a, s_b = next(iter(a.values())).shape[0], next(iter(b.values())).shape[0]
+    if s_a == s_b == 1:  # one seed a side: a task average of per-problem values, its exact bootstrap
+        dist = exact_distribution({t: c[0, 0] for t, c in tables.items()})
+        if dist is not None:
+            return (point, *knots_interval(cdf_knots(*dist), level))
     w_a = _weights(seed, "a", s_a, resamples)
     w_b = w_a if (paired_seeds and s_a == s_b) else _weights(seed, "b", s_b, resamples)
     total = np.zeros(resamples)

@@ -1,21 +1,25 @@
-"""The report's problem bootstrap: one resample count, drawn in chunks as count matrices.
+"""The report's Monte Carlo problem bootstrap: one resample count, drawn in chunks as count matrices.
 
-Every percentile interval the report computes (a single training seed, or Base alone) resamples
-problems with replacement within each task, ``RESAMPLES`` times. A replicate is a row of draw
-counts ``v [n]`` (how often each problem was drawn), so a replicate mean is ``v @ x / v @ 1``: a
-matrix-vector product, not a gather of ``R x n`` values. The counts are drawn in chunks of
-``CHUNK`` replicates, each chunk from its own stream ``(seed, task, n, chunk)``, and kept as
-uint8 (a count above 255 among n >= 2 problems is not drawn in practice; it is checked), so
-50,000 replicates of 256 problems take 12.8 MB per task and a report stays at a few seconds.
+Since issue 25 the report reads its one-seed percentile intervals off the bootstrap's *exact*
+distribution (:mod:`esreason.report.exact`: the limit of infinitely many resamples, computed by
+convolution), so their endpoints do not move between bootstrap seeds at all. This module draws
+replicates where that is not possible: a task with a missing value (the replicate mean is then a
+ratio), and the two-level bootstrap of the probability of improvement with several seeds
+(:mod:`esreason.report.hierarchical`). It also holds the continuity-corrected CDF both paths read
+their endpoints from (:func:`cdf_knots`).
 
-Why 50,000 (``RESAMPLES``): the Monte Carlo error of a 2.5 % percentile endpoint is about
-2.7 sd / sqrt(R) (sd: the replicates' spread). Endpoints are read off a continuity-corrected
-CDF (:func:`smoothed_cdf`): 0/1 scores put a task's replicate means on a lattice, and a plain
-percentile jumps whole lattice steps (0.39 pp at 256 problems) between bootstrap seeds at any
-resample count. Measured on the demo (docs/report.md, "Stable endpoints",
-``scripts/interval_stability.py``), see ``STABILITY_MEASURED``: the task-averaged differences behind
-the verdicts move by at most 0.03 pp; the per-task cells (descriptions) by up to 0.12 pp, which
-would take about 300,000 resamples (the movement falls as 1/sqrt(R)). rliable uses 50,000.
+Every such interval resamples problems with replacement within each task, ``RESAMPLES`` times. A
+replicate is a row of draw counts ``v [n]`` (how often each problem was drawn), so a replicate mean
+is ``v @ x / v @ 1``: a matrix-vector product, not a gather of ``R x n`` values. The counts are
+drawn in chunks of ``CHUNK`` replicates, each chunk from its own stream ``(seed, task, n, chunk)``,
+and kept as uint8 (a count above 255 among n >= 2 problems is not drawn in practice; it is
+checked), so 50,000 replicates of 256 problems take 12.8 MB per task.
+
+Why 50,000 (``RESAMPLES``, rliable's count): the Monte Carlo error of a 2.5 % percentile endpoint
+is about 2.7 sd / sqrt(R) (sd: the replicates' spread). Measured on the demo
+(``scripts/interval_stability.py``, :data:`STABILITY_MEASURED`), endpoints resampled 50,000 times
+move between bootstrap seeds by up to 0.05 pp (task-averaged differences) and 0.14 pp (one task's
+level); the exact path moves by 0.
 """
 
 from __future__ import annotations
@@ -29,16 +33,25 @@ import numpy as np
 RESAMPLES = 50_000
 #: Replicates per drawn chunk.
 CHUNK = 5_000
-#: The largest endpoint movement between bootstrap seeds at ``RESAMPLES`` that the report states for
-#: the intervals behind its verdicts, task-averaged differences (fraction: 0.0005 = 0.05 pp; measured
-#: 0.029 pp over 10 bootstrap seeds on the demo); a "holds" whose endpoint is closer than this to 0 is
-#: borderline. Wider, descriptive intervals move more: see :data:`STABILITY_MEASURED`.
+#: The endpoint stability the report states (fraction: 0.0005 = 0.05 pp): the largest movement of a
+#: printed percentile endpoint between bootstrap seeds. The exact path (every interval without a
+#: missing value) moves by 0 and its grid error is below 0.001 pp; a resampled one (a missing value)
+#: by up to :data:`STABILITY_MEASURED` at ``RESAMPLES``. A "holds" whose endpoint is closer than
+#: this to 0 is borderline.
 STABILITY = 0.0005
-#: Measured on the demo (``scripts/interval_stability.py runs/demo3 --boot-seeds 10``, Base and GRPO
-#: seed 0, pass@1/16/32, 2026-11-26): the largest range of an endpoint over 10 bootstrap seeds at
-#: 50,000 resamples, in pp, per kind of interval (at 1,000 resamples: 0.26 / 0.57 / 0.44 / 1.07).
-STABILITY_MEASURED = {"difference, task average": 0.029, "difference, one task": 0.090,
-                      "level, task average": 0.081, "level, one task": 0.121}
+#: Measured on the demo (``scripts/interval_stability.py runs/demo --boot-seeds 10``, every
+#: evaluation, pass@1/16/32, 2026-11-27): the largest range of an endpoint over 10 bootstrap seeds,
+#: in pp, per kind of interval: the report's path (exact) and the 50,000-resample Monte Carlo
+#: bootstrap it keeps for missing values.
+STABILITY_MEASURED = {
+    "exact": {"difference, task average": 0.0, "difference, one task": 0.0,
+              "level, task average": 0.0, "level, one task": 0.0},
+    "resampled": {"difference, task average": 0.046, "difference, one task": 0.090,
+                  "level, task average": 0.081, "level, one task": 0.141},
+}
+#: Measured with it: the largest endpoint change when the exact path's grid is refined 10x (pp;
+#: measured 0.00043 over the demo's 216 endpoints).
+GRID_ERROR_MEASURED = 0.0005
 
 
 def _chunk_counts(seed: int, task: str, n: int, chunk: int, size: int) -> np.ndarray:
@@ -103,23 +116,45 @@ def task_average_replicates(per_task: dict[str, np.ndarray], resamples: int = RE
     return total / max(len(per_task), 1)
 
 
-def smoothed_cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The replicates' CDF with every distinct value's mass spread evenly between the midpoints to its
-    neighbours (a continuity correction), as knots ``(x [k+1], F [k+1])`` of a piecewise-linear CDF.
+def cdf_knots(atoms: np.ndarray, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The continuity-corrected CDF of a discrete distribution (sorted distinct ``atoms [k]`` with
+    ``mass [k]`` summing to 1): every atom's mass spread evenly between the midpoints to its
+    neighbours, as knots ``(x [k+1], F [k+1])`` of a piecewise-linear CDF.
 
     Replicate means of 0/1 scores (Pass@32 on one task) lie on a lattice of spacing 1/n (0.39 pp at
-    n = 256); the plain percentile then jumps a whole lattice step when Monte Carlo noise moves the
+    n = 256); a plain percentile then jumps a whole lattice step when Monte Carlo noise moves the
     2.5 % point across an atom, whatever the resample count. Spread over its lattice cell, an atom's
-    mass moves the endpoint continuously, by (CDF noise) / density. For replicates that are all
-    distinct this is the plain percentile to within half a gap between neighbouring replicates.
+    mass moves the endpoint continuously. For replicates that are all distinct this is the plain
+    percentile to within half a gap between neighbouring replicates.
     """
-    u, counts = np.unique(values, return_counts=True)
-    cum = np.cumsum(counts) / values.size
-    if u.size == 1:
-        return np.array([u[0], u[0]]), np.array([0.0, 1.0])
-    mids = (u[1:] + u[:-1]) / 2
-    xs = np.concatenate([[u[0] - (u[1] - u[0]) / 2], mids, [u[-1] + (u[-1] - u[-2]) / 2]])
+    cum = np.cumsum(mass)
+    cum = cum / cum[-1]
+    if atoms.size == 1:
+        return np.array([atoms[0], atoms[0]]), np.array([0.0, 1.0])
+    mids = (atoms[1:] + atoms[:-1]) / 2
+    xs = np.concatenate([[atoms[0] - (atoms[1] - atoms[0]) / 2], mids, [atoms[-1] + (atoms[-1] - atoms[-2]) / 2]])
     return xs, np.concatenate([[0.0], cum])
+
+
+def smoothed_cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`cdf_knots` of the replicates ``values [R]`` (each distinct value an atom)."""
+    u, counts = np.unique(values, return_counts=True)
+    return cdf_knots(u, counts / values.size)
+
+
+def knots_interval(knots: tuple[np.ndarray, np.ndarray], level: float) -> tuple[float, float]:
+    """The equal-tailed ``level`` interval read off CDF knots ``(x, F)``."""
+    xs, ps = knots
+    lo, hi = np.interp([(1 - level) / 2, (1 + level) / 2], ps, xs)
+    return float(lo), float(hi)
+
+
+def knots_p(knots: tuple[np.ndarray, np.ndarray]) -> float:
+    """Two-sided p-value of "mean 0": 2 min(F(0), 1 - F(0)), the level at which
+    :func:`knots_interval` starts to contain 0."""
+    xs, ps = knots
+    f0 = float(np.interp(0.0, xs, ps))
+    return float(min(1.0, 2.0 * min(f0, 1.0 - f0)))
 
 
 def percentile(values: np.ndarray, level: float) -> tuple[float | None, float | None]:
@@ -128,17 +163,13 @@ def percentile(values: np.ndarray, level: float) -> tuple[float | None, float | 
     values = values[~np.isnan(values)]
     if values.size == 0:
         return None, None
-    xs, ps = smoothed_cdf(values)
-    lo, hi = np.interp([(1 - level) / 2, (1 + level) / 2], ps, xs)
-    return float(lo), float(hi)
+    return knots_interval(smoothed_cdf(values), level)
 
 
 def percentile_p(values: np.ndarray) -> float | None:
-    """Two-sided p-value of "mean 0" read off the replicates: 2 min(F(0), 1 - F(0)) with F the
-    :func:`smoothed_cdf`, the level at which :func:`percentile`'s interval starts to contain 0."""
+    """Two-sided p-value of "mean 0" read off the replicates (:func:`knots_p` of
+    :func:`smoothed_cdf`)."""
     values = values[~np.isnan(values)]
     if values.size == 0:
         return None
-    xs, ps = smoothed_cdf(values)
-    f0 = float(np.interp(0.0, xs, ps))
-    return float(min(1.0, 2.0 * min(f0, 1.0 - f0)))
+    return knots_p(smoothed_cdf(values))

@@ -19,8 +19,10 @@ the interval is None (the number is still reported).
 
 With several training seeds (issue 25) an interval that involves a seeded method is the seed-level
 variance-components t-interval of :mod:`esreason.report.components` instead; seeds are paired only
-for nested runs (:func:`nested`). The percentile bootstrap here draws ``RESAMPLES`` (50,000)
-replicates in chunks (:mod:`esreason.report.resample`).
+for nested runs (:func:`nested`). The percentile bootstrap here reads its endpoints off the
+bootstrap's exact distribution (:mod:`esreason.report.exact`: the limit of infinitely many
+resamples, computed by convolution); only where a value is missing does it draw ``RESAMPLES``
+(50,000) Monte Carlo replicates in chunks (:mod:`esreason.report.resample`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import numpy as np
 from esreason.report.cells import Cell, ExperimentView
 from esreason.report.components import Estimate, seed_interval
 from esreason.report.hierarchical import probability_of_improvement, variance_text
-from esreason.report.resample import RESAMPLES, percentile, task_average_replicates
+from esreason.report.exact import exact_distribution
+from esreason.report.resample import RESAMPLES, cdf_knots, task_average_replicates
 
 #: Nested runs (a composition and its own first stage, seed by seed): the only pairs whose seeds pair.
 NESTED = {frozenset(("es_grpo", "es")), frozenset(("grpo_es", "grpo"))}
@@ -47,6 +50,18 @@ def bootstrap_replicates(per_task: dict[str, np.ndarray], resamples: int = RESAM
     return task_average_replicates(per_task, resamples, seed)
 
 
+def bootstrap_estimate(value: float, per_task: dict[str, np.ndarray], label: str, resamples: int = RESAMPLES,
+                       seed: int = 0) -> Estimate | None:
+    """The problem bootstrap's :class:`Estimate` of the task average of ``per_task``: its exact
+    distribution (:func:`esreason.report.exact.exact_distribution`, no Monte Carlo error) when no
+    value is missing, else ``resamples`` Monte Carlo replicates. None when a task has no value."""
+    dist = exact_distribution(per_task) if per_task else None
+    if dist is not None:
+        return Estimate(value, "percentile", label, cdf=cdf_knots(*dist))
+    reps = bootstrap_replicates(per_task, resamples, seed)
+    return None if reps is None else Estimate(value, "percentile", label, replicates=reps)
+
+
 def bootstrap_task_average(per_task: dict[str, np.ndarray], level: float = 0.95, resamples: int = RESAMPLES,
                            seed: int = 0) -> tuple[float | None, float | None]:
     """Percentile interval of the equal-weight mean over tasks of per-problem values.
@@ -54,8 +69,8 @@ def bootstrap_task_average(per_task: dict[str, np.ndarray], level: float = 0.95,
     per_task: ``{task: values [n_task]}`` (NaN: no value for that problem). Each task's
     problems are resampled with replacement; a resample's task mean ignores NaNs.
     """
-    reps = bootstrap_replicates(per_task, resamples, seed)
-    return (None, None) if reps is None else percentile(reps, level)
+    est = bootstrap_estimate(0.0, per_task, "", resamples, seed)  # the interval does not use the value
+    return (None, None) if est is None else est.interval(level)
 
 
 def nested(exp: ExperimentView, a: str, b: str) -> bool:
@@ -104,9 +119,7 @@ def average(exp: ExperimentView, method: str, tasks: Sequence[str], metric: str)
             break
         per_task[t] = metric_column(rows, list(rows), metric)  # file order
     else:
-        reps = bootstrap_replicates(per_task, resamples, seed)
-        est = None if reps is None else Estimate(value, "percentile", _covers(exp, [method], per_task),
-                                                 replicates=reps)
+        est = bootstrap_estimate(value, per_task, _covers(exp, [method], per_task), resamples, seed)
         return _cell(value, est, level, len(tasks))
     if len(tasks) == 1:
         c = cells[0]
@@ -211,7 +224,5 @@ def paired_difference(exp: ExperimentView, method: str, base: str, tasks: Sequen
         if not ids:
             return Cell(value, None, None, len(tasks))
         per_task[t] = metric_column(rows_m, ids, metric) - metric_column(rows_b, ids, metric)
-    reps = bootstrap_replicates(per_task, resamples, seed)
-    est = None if reps is None else Estimate(value, "percentile", _covers(exp, [method, base], per_task),
-                                             replicates=reps)
+    est = bootstrap_estimate(value, per_task, _covers(exp, [method, base], per_task), resamples, seed)
     return _cell(value, est, level, len(tasks))

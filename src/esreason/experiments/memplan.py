@@ -1,0 +1,313 @@
+"""Device memory of every stage, per GPU, as named terms, and whether it fits (issue 23).
+
+Each stage has one or more *roles* (a GRPO training process; an ES engine; GPU 0 where the ES
+trainer sits beside its engine; an evaluation engine). A role's memory is a sum of named terms:
+
+- traced at the real shapes with fake tensors (:mod:`esreason.experiments.memtrace`): the step's
+  peak ``parameters``, ``gradients``, ``optimizer`` states and ``activations`` (saved activations,
+  temporaries, KV cache, logits);
+- what a trace cannot see, each with its source in :data:`TERMS`: vLLM's reservation (its
+  ``gpu_memory_utilization`` times the GPU), DDP's gradient buckets, FSDP's all-gather buffers, the
+  CUDA context, the caching allocator's fragmentation.
+
+A role fits a GPU when the sum is at most the GPU's memory; the *margin* is the share left
+(``1 - total / capacity``). The verdict of a stage is its worst role; where it does not fit, it
+names the largest term and the config key that changes it. ``esreason experiment run`` refuses a
+stage that does not fit the GPU it sees (``--force`` overrides).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from esreason.experiments.architectures import architecture, parameter_count
+from esreason.experiments.memtrace import Trace, trace_forward, trace_grpo_microstep
+
+GIB = 2.0 ** 30
+
+#: GPU memory as the driver reports it (``nvidia-smi`` total), GiB.
+GPU_MEMORY_GIB = {
+    "h100": ("NVIDIA H100 80GB", 81559 / 1024),
+    "a100-40": ("NVIDIA A100 40GB", 40960 / 1024),
+    "a100-80": ("NVIDIA A100 80GB", 81920 / 1024),
+    "h200": ("NVIDIA H200 141GB", 143771 / 1024),
+}
+
+#: The terms a trace cannot see: (value, unit, source).
+TERMS = {
+    "cuda_context": (0.75, "GiB per process",
+                     "assumption (ours): CUDA 12 context, cuBLAS/cuDNN workspaces and kernel images of one torch "
+                     "process on an H100 (0.5-1 GiB is typical); scripts/gpu-check.sh prints the measured one"),
+    "fragmentation": (0.10, "of the allocator's peak",
+                      "assumption (ours): slack of PyTorch's caching allocator between reserved and allocated "
+                      "memory for a training step with varying sequence lengths"),
+    "ddp_buckets": (1.0, "x the gradients",
+                    "PyTorch DDP docs (gradient_as_bucket_view): DDP's gradient buckets are a second copy of the "
+                    "gradients unless viewed, which accelerate does not set"),
+    "fsdp_gather": (2.0, "x one decoder layer's unsharded parameters",
+                    "PyTorch FSDP (forward prefetch / backward prefetch): the current and the next unit are "
+                    "all-gathered at once"),
+    "vllm_sleep_residual": (1.0, "GiB",
+                            "assumption (ours): vLLM at sleep level 1 (weights offloaded, KV cache discarded) keeps "
+                            "its CUDA graph pool and allocator slack"),
+    "update_blocks": (3 * 16 / 1024, "GiB",
+                      "esreason.es.noise: three 16 MiB noise blocks live during perturb / restore / update"),
+}
+
+#: The longest chat-rendered prompt per task, tokens (assumption (ours) where not measured: the
+#: paper's templates around the longest public problem; HotpotQA carries its context paragraphs).
+PROMPT_TOKENS = {"hotpotqa": 2048, "gpqa": 512, "mbpp": 512, "gsm8k": 384, "math500": 512, "aime": 512,
+                 "csqa": 256, "countdown": 256}
+DEFAULT_PROMPT_TOKENS = 512
+
+
+def prompt_tokens(tasks: Any) -> int:
+    """The longest prompt among ``tasks`` (:data:`PROMPT_TOKENS`)."""
+    names = [tasks] if isinstance(tasks, str) else list(tasks or [])
+    return max([PROMPT_TOKENS.get(str(t).split("-")[0], DEFAULT_PROMPT_TOKENS) for t in names] or
+               [DEFAULT_PROMPT_TOKENS])
+
+
+@dataclass
+class Role:
+    """One GPU's memory in a stage: named terms (GiB) and the config key each answers to."""
+
+    name: str
+    terms: dict[str, float] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def add(self, term: str, gib: float, key: str) -> None:
+        self.terms[term] = self.terms.get(term, 0.0) + gib
+        self.keys[term] = key
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+
+def _bytes(dtype: str) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
+@lru_cache(maxsize=64)
+def _grpo_trace(model: str, micro: int, prompt: int, completion: int, master: str, autocast: str | None,
+                beta: float, checkpointing: bool) -> Trace:
+    return trace_grpo_microstep(architecture(model), micro_batch=micro, prompt_len=prompt, completion_len=completion,
+                                master_dtype=master, autocast=autocast, beta=beta,
+                                gradient_checkpointing=checkpointing)
+
+
+@lru_cache(maxsize=64)
+def _forward_trace(model: str, batch: int, seq: int, dtype: str, kind: str) -> Trace:
+    return trace_forward(architecture(model), batch=batch, seq_len=seq, dtype=dtype, kind=kind)
+
+
+def grpo_roles(cfg: Any, procs: int, sharding: str, gpu_gib: float) -> list[Role]:
+    """The GRPO training process's GPU (every process holds the same)."""
+    g = cfg.grpo
+    prompt = prompt_tokens(cfg.task)
+    autocast = "bfloat16" if g.bf16 else None
+    t = _grpo_trace(cfg.model, g.micro_batch_size, prompt, cfg.generation.max_new_tokens, cfg.dtype, autocast,
+                    float(g.beta), bool(g.gradient_checkpointing))
+    r = Role("training process")
+    shard = procs if sharding == "fsdp" else 1
+    r.add("parameters", t.parameters / shard / GIB, "dtype / configs/accelerate (FSDP)")
+    r.add("gradients", t.gradients / shard / GIB, "configs/accelerate (FSDP)")
+    r.add("optimizer", t.optimizer / shard / GIB, "configs/accelerate (FSDP)")
+    r.add("activations", t.activations / GIB, "grpo.gradient_checkpointing, grpo.micro_batch_size, "
+          "generation.max_new_tokens")
+    if sharding == "fsdp":
+        arch = architecture(cfg.model)
+        layer = (parameter_count({**arch, "num_hidden_layers": 1}) - parameter_count({**arch, "num_hidden_layers": 0}))
+        r.add("fsdp_gather", TERMS["fsdp_gather"][0] * layer * _bytes(cfg.dtype) / GIB, "configs/accelerate")
+    elif procs > 1:
+        r.add("ddp_buckets", TERMS["ddp_buckets"][0] * t.gradients / GIB, "configs/accelerate (FSDP)")
+    allocated = sum(r.terms.values())
+    r.add("fragmentation", TERMS["fragmentation"][0] * allocated, "grpo.micro_batch_size")
+    r.add("cuda_context", TERMS["cuda_context"][0], "-")
+    colocate = g.use_vllm and g.vllm_mode == "colocate"
+    if colocate:
+        share = g.vllm_gpu_memory_utilization * gpu_gib
+        if g.vllm_sleep:
+            # Training runs with vLLM asleep; rollouts run with the training state resident (the
+            # activations and DDP buckets' transient use freed). The role is the larger of the two.
+            during_rollout = (r.terms["parameters"] + r.terms["gradients"] + r.terms["optimizer"]
+                              + r.terms.get("ddp_buckets", 0.0) + r.terms["cuda_context"] + share)
+            during_train = r.total + TERMS["vllm_sleep_residual"][0]
+            if during_rollout > during_train:
+                r.add("vllm", share, "grpo.vllm_gpu_memory_utilization")
+                for k in ("activations", "fragmentation", "fsdp_gather"):
+                    r.terms.pop(k, None)
+            else:
+                r.add("vllm_asleep", TERMS["vllm_sleep_residual"][0], "grpo.vllm_sleep")
+        else:
+            r.add("vllm", share, "grpo.vllm_gpu_memory_utilization, grpo.vllm_sleep")
+    return [r]
+
+
+def es_roles(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, trainer_gib: float) -> list[Role]:
+    """An ES engine's GPU, and GPU 0 with the trainer beside its engine (vLLM backends); or the
+    one GPU of the in-process HF sampler."""
+    params = parameter_count(architecture(cfg.model))
+    w = _bytes(cfg.dtype)
+    masters = 4 * params / GIB if w == 2 and cfg.es.master_weights != "none" else 0.0
+    if cfg.backend.type in ("ray", "vllm"):
+        r = Role("ES engine")
+        r.add("vllm", engine_fraction * gpu_gib, "VLLMEngineOptions.gpu_memory_utilization (code default)")
+        if masters and masters * 1.2 + 1 <= (1 - engine_fraction) * gpu_gib:
+            r.add("fp32_masters", masters, "es.master_weights")
+        r.add("update_blocks", TERMS["update_blocks"][0], "-")
+        r.add("cuda_context", TERMS["cuda_context"][0], "-")
+        gpu0 = Role("GPU 0: ES engine + trainer", dict(r.terms), dict(r.keys))
+        gpu0.add("trainer", trainer_gib, "-")
+        return [r, gpu0]
+    prompt = prompt_tokens(cfg.task)
+    t = _forward_trace(cfg.model, cfg.train.batch_size, prompt, cfg.dtype, "prefill")
+    kv = _kv_bytes(architecture(cfg.model), cfg.train.batch_size, prompt + cfg.generation.max_new_tokens, w) / GIB
+    r = Role("ES trainer (HF sampler)")
+    r.add("parameters", t.parameters / GIB, "dtype")
+    if masters:
+        r.add("fp32_masters", masters, "es.master_weights")
+    elif cfg.es.restore == "exact":
+        r.add("centre_copy", w * params / GIB, "es.restore")
+    r.add("activations", max(t.activations / GIB, kv), "train.batch_size, generation.max_new_tokens")
+    r.add("fragmentation", TERMS["fragmentation"][0] * r.total, "train.batch_size")
+    r.add("cuda_context", TERMS["cuda_context"][0], "-")
+    return [r]
+
+
+def _kv_bytes(arch: dict[str, Any], batch: int, seq: int, width: int) -> float:
+    head_dim = arch.get("head_dim") or arch["hidden_size"] // arch["num_attention_heads"]
+    return 2.0 * arch["num_hidden_layers"] * arch["num_key_value_heads"] * head_dim * batch * seq * width
+
+
+def eval_roles(spec: Any, gpu_gib: float, utilization: float, dtype: str, tokens_per_forward: int) -> list[Role]:
+    """An evaluation engine's GPU: vLLM's reservation + the entropy scorer's weights and forward
+    (vLLM backend), or the HF sampler's model and KV cache."""
+    p = spec.eval
+    prompt = prompt_tokens(list(p.tasks))
+    width = prompt + p.max_new_tokens
+    model = spec.model
+    if p.backend == "vllm":
+        rows = max(1, tokens_per_forward // width)
+        t = _forward_trace(model, rows, width, dtype, "scorer")
+        r = Role("evaluation engine")
+        r.add("vllm", utilization * gpu_gib, "eval gpu_memory_utilization (EvalEngineOptions)")
+        r.add("scorer_weights", t.parameters / GIB, "eval dtype")
+        r.add("scorer_activations", t.activations / GIB, "scorer tokens_per_forward")
+        r.add("fragmentation", TERMS["fragmentation"][0] * t.total / GIB, "-")
+        r.add("cuda_context", TERMS["cuda_context"][0], "-")
+        return [r]
+    rows = max(1, p.batch_size)
+    t = _forward_trace(model, rows, prompt, dtype, "prefill")
+    kv = _kv_bytes(architecture(model), rows, width, _bytes(dtype)) / GIB
+    r = Role("evaluation (HF sampler)")
+    r.add("parameters", t.parameters / GIB, "eval dtype")
+    r.add("activations", max(t.activations / GIB, kv), "eval.batch_size, eval.max_new_tokens")
+    r.add("fragmentation", TERMS["fragmentation"][0] * r.total, "eval.batch_size")
+    r.add("cuda_context", TERMS["cuda_context"][0], "-")
+    return [r]
+
+
+def verdict(roles: list[Role], gpu_gib: float) -> dict[str, Any]:
+    """Fits / does not fit on a GPU of ``gpu_gib``: the worst role, its margin, and where it does
+    not fit the largest term and the key that changes it."""
+    worst = max(roles, key=lambda r: r.total)
+    margin = 1.0 - worst.total / gpu_gib
+    out: dict[str, Any] = {"fits": worst.total <= gpu_gib, "margin": round(margin, 4), "role": worst.name,
+                           "total_gib": round(worst.total, 2), "capacity_gib": round(gpu_gib, 2)}
+    if not out["fits"]:
+        changeable = {k: v for k, v in worst.terms.items() if worst.keys.get(k, "-") != "-"}
+        term = max(changeable or worst.terms, key=lambda k: worst.terms[k])
+        out.update(term=term, term_gib=round(worst.terms[term], 2), key=worst.keys.get(term, "-"))
+    return out
+
+
+def roles_json(roles: list[Role]) -> list[dict[str, Any]]:
+    return [{"role": r.name, "terms_gib": {k: round(v, 2) for k, v in r.terms.items()},
+             "total_gib": round(r.total, 2)} for r in roles]
+
+
+def local_gpu() -> tuple[str, float] | None:
+    """(name, GiB) of the GPU torch sees, or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return props.name, props.total_memory / GIB
+
+
+def ceil_gib(x: float) -> float:
+    return math.ceil(x * 10) / 10
+
+
+def load_run_config(path: Any, overrides: tuple[str, ...] = ()) -> Any:
+    """An ES or GRPO run config (GRPO when the file has a ``grpo:`` section)."""
+    import yaml
+
+    data = yaml.safe_load(open(path)) or {}
+    if "grpo" in data:
+        from esreason.grpo.config import load_grpo_config
+
+        return load_grpo_config(path, overrides)
+    from esreason.config import load_config
+
+    return load_config(path, overrides)
+
+
+def run_config_roles(cfg: Any, gpus: int, gpu_gib: float) -> list[Role]:
+    """The GPU roles of one run config on ``gpus`` GPUs of ``gpu_gib`` each (as the runner lays
+    it out: GRPO one process per GPU under accelerate, DDP or FSDP as launch.choose_sharding picks;
+    ES engines as its backend says)."""
+    from esreason.experiments import plan_table as tab
+    from esreason.experiments.launch import choose_sharding
+
+    if not str(cfg.device).startswith("cuda"):
+        return []
+    if hasattr(cfg, "grpo"):
+        g = cfg.grpo
+        share = g.vllm_gpu_memory_utilization if g.use_vllm and g.vllm_mode == "colocate" else 0.0
+        params = parameter_count(architecture(cfg.model))
+        sharding = choose_sharding(params, cfg.dtype, g.beta, gpu_gib * GIB, share) if gpus > 1 else "ddp"
+        return grpo_roles(cfg, gpus, sharding, gpu_gib)
+    engines = min(cfg.backend.engines, gpus) if cfg.backend.type == "ray" else 1
+    return es_roles(cfg, engines, gpu_gib, tab.CONSTANTS["engine_memory_fraction"].value,
+                    tab.CONSTANTS["trainer_gpu_gib"].value)
+
+
+def experiment_roles(spec: Any, gpus: int, gpu_gib: float) -> list[tuple[str, list[Role]]]:
+    """``[(stage, roles)]`` for every kind of stage ``spec`` runs on GPUs: its ES and GRPO training
+    configs and its evaluation (stages on the CPU have no roles and are left out)."""
+    from esreason.backends.vllm_eval import EvalEngineOptions
+    from esreason.eval.scoring import TOKENS_PER_FORWARD
+    from esreason.experiments.spec import eval_settings
+    from esreason.experiments.spec import TRAINED
+
+    kinds = {k for m in spec.methods for k in TRAINED.get(m.kind, ())}
+    out = []
+    for kind, cfg in (("es", spec.es), ("grpo", spec.grpo)):
+        if kind in kinds and cfg is not None:
+            roles = run_config_roles(cfg, gpus, gpu_gib)
+            if roles:
+                out.append((f"train ({kind})", roles))
+    device, dtype = eval_settings(spec)
+    if str(device).startswith("cuda"):
+        util = EvalEngineOptions.__dataclass_fields__["gpu_memory_utilization"].default
+        out.append(("eval", eval_roles(spec, gpu_gib, util, dtype, TOKENS_PER_FORWARD)))
+    return out
+
+
+def check_fits(spec: Any, gpus: int, gpu_name: str, gpu_gib: float) -> None:
+    """Raise UserError (one line: the stage, the term, the key) when a stage does not fit."""
+    from esreason.errors import UserError
+
+    for stage, roles in experiment_roles(spec, gpus, gpu_gib):
+        v = verdict(roles, gpu_gib)
+        if not v["fits"]:
+            raise UserError(f"stage {stage} does not fit {gpu_name}: {v['role']} needs {v['total_gib']:.1f} GiB of "
+                            f"{gpu_gib:.1f} (largest term: {v['term']} {v['term_gib']:.1f} GiB; change "
+                            f"{v['key']}); `esreason experiment plan` shows every term; --force runs anyway")
