@@ -12,6 +12,11 @@ import torch
 torch.set_num_threads(1)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Memory traces of `esreason experiment plan` are cached on disk (esreason.experiments.memplan); the
+# suite keeps its own cache, shared by the workers of one session and by no other session, so every
+# session traces each shape afresh once.
+os.environ["ESREASON_CACHE_DIR"] = os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"esreason-test-cache-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -25,6 +30,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def pytest_addoption(parser):
     parser.addoption("--fast", action="store_true",
                      help="esreason: deselect test files marked heavy (the edit-test loop; README)")
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker more than the cores, at most 4 (issue 27). Many heavy tests wait on
+    subprocesses, Ray's start-up or a killed run's restart; a third worker on 2 cores fills that
+    idle time (measured side by side in the README, "Tests")."""
+    return min(4, (os.cpu_count() or 1) + 1)
 
 
 #: Test files that take longest on one worker (measured, README "Tests"), started first: with test

@@ -141,11 +141,18 @@ def test_every_shipped_gpu_config_fits_an_h100_with_ten_percent_margin():
         assert v["fits"] and v["margin"] >= 0.10, (path, v, memplan.roles_json(roles))
 
 
+def _plan(name: str) -> dict:
+    """``esreason experiment plan configs/experiments/NAME.yaml --gpus 8 --json``, in-process (the
+    traces are cached per process, so the tests of this file trace each shape once)."""
+    from esreason.experiments.plan import build_plan
+    from esreason.experiments.spec import load_spec
+
+    return json.loads(json.dumps(build_plan(load_spec(str(ROOT / "configs/experiments" / f"{name}.yaml"), []), 8)))
+
+
 @pytest.fixture(scope="module")
 def easy_plan():
-    out = subprocess.run([sys.executable, "-m", "esreason.cli", "experiment", "plan", str(ROOT / "configs/experiments/easy.yaml"),
-                          "--gpus", "8", "--json"], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    return _plan("easy")
 
 
 def test_plan_gives_every_stage_named_terms_and_a_verdict_per_gpu(easy_plan):
@@ -165,9 +172,9 @@ def test_plan_gives_every_stage_named_terms_and_a_verdict_per_gpu(easy_plan):
 
 def test_the_7b_experiment_does_not_fit_an_a100_40gb_and_run_refuses_before_starting(tmp_path):
     spec = str(ROOT / "configs/experiments/easy-qwen2.5-7b.yaml")
-    plan = subprocess.run([sys.executable, "-m", "esreason.cli", "experiment", "plan", spec, "--gpus", "8", "--json"],
-                          capture_output=True, text=True, check=True)
-    v = next(s for s in json.loads(plan.stdout)["stages"] if s["name"] == "train/grpo")["memory"]["verdicts"]["a100-40"]
+    plan = _plan("easy-qwen2.5-7b")
+    v = next(s for s in plan["stages"] if s["name"] == "train/grpo")["memory"]["verdicts"]["a100-40"]
+    assert any("train/grpo: does not fit" in n for n in plan["notes"]) is False  # the plan's GPU is an H100
     assert not v["fits"] and v["term"] and v["key"] != "-"
     out = tmp_path / "exp"
     run = subprocess.run([sys.executable, "-m", "esreason.cli", "experiment", "run", spec, "--assume-gpu", "a100-40",

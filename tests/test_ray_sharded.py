@@ -115,3 +115,24 @@ def test_an_engine_lost_while_the_group_forms_is_dropped(ray_local):
         assert set(pool.checksums().values()) == {policy_checksum(policy)}
     finally:
         pool.close()
+
+
+def test_a_pool_of_two_engines_writes_one_start_state_copy_and_removes_it(ray_local):
+    # issue 23: the engines of a node share one copy of the start state (each used to write its own)
+    from esreason.backends.engine import policy_state, shared_state_root, state_key
+    from esreason.backends.hf import HFPolicy, load_model
+    from esreason.backends.ray_pool import build_ray_pool
+    from esreason.config import load_config
+    from esreason.embedded import demo_model_dir
+
+    model, tok = load_model(str(demo_model_dir()))
+    policy = HFPolicy(model, tok)
+    copy = shared_state_root() / state_key(policy_state(policy))
+    pool = build_ray_pool(load_config(None, ("model=demo", "backend.type=ray", "backend.engines=2")), policy)
+    try:
+        assert (copy / ".complete").is_file() and (copy / "model.safetensors").is_file()
+        staging = [p for p in shared_state_root().iterdir() if p.name.startswith(f".{copy.name}")]
+        assert not staging  # both engines read the one complete copy
+    finally:
+        pool.close()
+    assert not copy.exists()

@@ -128,6 +128,64 @@ def policy_state(policy: Any) -> StateFiles:
         return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def state_key(state: Mapping[str, bytes]) -> str:
+    """A content digest of checkpoint files (names and bytes): equal states share one directory."""
+    digest = hashlib.sha256()
+    for name, data in sorted(state.items()):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return digest.hexdigest()[:24]
+
+
+def shared_state_root(root: str | Path | None = None) -> Path:
+    """Where start states are written once per node (``ESREASON_ENGINE_DIR`` or the temp dir)."""
+    import os
+
+    return Path(root or os.environ.get("ESREASON_ENGINE_DIR") or tempfile.gettempdir()) / "esreason-state"
+
+
+def shared_state_dir(state: Mapping[str, bytes], root: str | Path | None = None) -> Path:
+    """The files of ``state`` in one directory per node, keyed by their content (issue 23).
+
+    Every engine of a pool starts from the same state; each used to write it to a temporary
+    directory of its own (8 engines of a 1.5B model with fp32 masters: about 72 GB on one disk).
+    The first engine of a node writes it (to a staging directory, renamed into place under a file
+    lock, so no engine ever reads a half-written state); the others find it complete and read it.
+    The directory lives until :func:`remove_shared_state` (the pool's close) or the temp dir's own
+    cleanup; a restarted engine finds it again.
+    """
+    import os
+    import shutil
+
+    from filelock import FileLock
+
+    base = shared_state_root(root)
+    base.mkdir(parents=True, exist_ok=True)
+    out = base / state_key(state)
+    with FileLock(str(out) + ".lock"):
+        if (out / ".complete").is_file():
+            return out
+        staging = base / f".{out.name}.{os.getpid()}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        write_state(state, staging)
+        (staging / ".complete").write_bytes(b"")
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(staging, out)
+    return out
+
+
+def remove_shared_state(state: Mapping[str, bytes] | str, root: str | Path | None = None) -> None:
+    """Remove the node's shared copy of ``state`` (a state or its :func:`state_key`), if any."""
+    import shutil
+
+    from filelock import FileLock
+
+    key = state if isinstance(state, str) else state_key(state)
+    out = shared_state_root(root) / key
+    with FileLock(str(out) + ".lock"):
+        shutil.rmtree(out, ignore_errors=True)
+    Path(str(out) + ".lock").unlink(missing_ok=True)
+
+
 def write_state(state: Mapping[str, bytes], directory: str | Path) -> Path:
     """Write checkpoint files from :func:`policy_state` into ``directory`` (created)."""
     root = Path(directory)
@@ -176,12 +234,11 @@ class HFEngine:
         from esreason.backends.sampling import Sampler
 
         o = self.options
-        with tempfile.TemporaryDirectory(prefix="esreason-engine-") as tmp:
-            write_state(state, tmp)
-            model, tokenizer = load_model(tmp, o.dtype, o.device)
-            policy = HFPolicy(model, tokenizer, restore=o.restore, master_weights=o.master_weights,
-                              direction_cache_mb=o.direction_cache_mb, perturbation=o.perturbation, rank=o.rank)
-            policy.load_masters(tmp)
+        start = str(shared_state_dir(state))  # one copy per node, shared by its engines
+        model, tokenizer = load_model(start, o.dtype, o.device)
+        policy = HFPolicy(model, tokenizer, restore=o.restore, master_weights=o.master_weights,
+                          direction_cache_mb=o.direction_cache_mb, perturbation=o.perturbation, rank=o.rank)
+        policy.load_masters(start)
         self.policy = policy
         self.sampler = Sampler(model, tokenizer, batch_size=o.generation_batch_size)
 

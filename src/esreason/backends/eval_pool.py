@@ -89,18 +89,28 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
                            ray.get, identity=identities[0], close=close)
 
 
-def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dtype: str = "float32",
+def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dtype: str = "auto",
                          device: str | None = None, batch_size: int = 256, max_model_len: int | None = None,
-                         start_timeout_s: float = 900) -> tuple[EngineGenerator, Any, dict[str, Any]]:
+                         start_timeout_s: float | None = None) -> tuple[EngineGenerator, Any, dict[str, Any]]:
     """(generator, tokenizer, model description) like :func:`esreason.eval.harness.resolve_generator`.
 
     model: 'demo', a local model directory or a hub id (vLLM and transformers fetch it).
     engines: E >= 1 (E > 1: Ray actors; GPUs: one each).
+    dtype: the engines' and the scorer's weights; ``auto``: the model's own (bf16 for the paper's).
+    start_timeout_s: None: the one engine start limit of every pool
+    (:func:`esreason.backends.engine_env.engine_start_timeout`, ``ESREASON_ENGINE_START_TIMEOUT_S``).
     """
+    import os
+
     import torch
     from transformers import AutoTokenizer
 
-    from esreason.backends.hf import resolve_model_path
+    from esreason.backends.engine_env import engine_start_timeout
+    from esreason.backends.hf import resolve_dtype, resolve_model_path
+
+    dtype = resolve_dtype(str(model), dtype)
+    if start_timeout_s is None:
+        start_timeout_s = engine_start_timeout(kind, os.environ)
 
     if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
         raise UserError(f"--engines must be an integer >= 1, got {engines!r}")

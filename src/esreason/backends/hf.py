@@ -8,6 +8,7 @@ writes checkpoints that load with plain ``AutoModelForCausalLM.from_pretrained``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -66,6 +67,34 @@ def _verify_if_checkpoint(spec: str, path: str) -> None:
         verify_checkpoint(path)
     except DamagedFile as exc:
         raise UserError(f"cannot load model {spec!r}: {exc}") from None
+
+
+def model_dtype(spec: str) -> str:
+    """The dtype ``spec``'s weights are published in (its config.json ``dtype`` / ``torch_dtype``:
+    bfloat16 for the paper's models), one of :data:`DTYPES`; float32 when it names none or another.
+    Reads a local directory's config.json, the package's architecture table for a known hub id
+    (no hub access), else transformers' AutoConfig (the hub)."""
+    from esreason.experiments.architectures import known
+
+    if spec in known():
+        raw = known()[spec].get("torch_dtype")
+    else:
+        path = Path(resolve_model_path(spec)) / "config.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            raw = data.get("dtype") or data.get("torch_dtype")
+        else:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(spec)
+            raw = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    name = str(raw).replace("torch.", "") if raw is not None else "float32"
+    return name if name in DTYPES else "float32"
+
+
+def resolve_dtype(spec: str, dtype: str) -> str:
+    """``dtype``, or :func:`model_dtype` of ``spec`` when it is ``"auto"``."""
+    return model_dtype(spec) if dtype == "auto" else dtype
 
 
 def load_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 from esreason.backends.base import SamplingParams
 from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
                                       StateFiles, check_noise_domains, policy_checksum,
-                                      policy_noise_domain, policy_state)
+                                      policy_noise_domain, policy_state, remove_shared_state, state_key)
 from esreason.backends.engine_env import engine_start_timeout, pin_visible_gpu
 from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
@@ -195,11 +195,12 @@ class RayEnginePool:
         self._pending_updates: dict[int, Any] = {}
         self._next_rank = 0
         self._closed = False
+        self._state_keys: set[str] = set()  # start states written once per node (engine.shared_state_dir)
         self.sharded = ShardedUpdate(self, collective_timeout_s) if update == "sharded" else None
         self._owns_ray = self._connect(address)
         try:
             self._check_resources()
-            self._start(engines, self.ray.put(state))
+            self._start(engines, self._put_state(state))
             self._verify_identical()
         except BaseException:
             self.close()
@@ -326,7 +327,7 @@ class RayEnginePool:
         missing = self.engines - len(self.slots)
         if missing > 0:
             try:
-                self._start(missing, self.ray.put(self._reference_state()))
+                self._start(missing, self._put_state(self._reference_state()))
             except UserError as exc:
                 log.warning("ray pool: could not replace %d lost engines (%s); continuing with %d",
                             missing, exc, len(self.slots))
@@ -400,11 +401,19 @@ class RayEnginePool:
         if self.check_every and (step + 1) % self.check_every == 0:
             self.check_consistency(step)
 
+    def _put_state(self, state: StateFiles) -> Any:
+        """``state`` in the object store (one copy per node), its key remembered for :meth:`close`."""
+        self._state_keys.add(state_key(state))
+        return self.ray.put(state)
+
     def close(self) -> None:
-        """Kill the engines, remove their placement groups, and stop Ray if this pool started it."""
+        """Kill the engines, remove their placement groups and this node's shared start states, and
+        stop Ray if this pool started it."""
         if self._closed:
             return
         self._closed = True
+        for key in sorted(self._state_keys):
+            remove_shared_state(key)
         if self.sharded is not None:
             self.sharded.close()
         self._discard(self.slots)
@@ -452,7 +461,7 @@ class RayEnginePool:
         source = "the trainer's centre" if self.reference is not None else f"engine {self.slots[0].rank}"
         log.warning("ray pool: after update %d engines %s differ from %s (checksum %s); re-broadcasting",
                     step + 1, bad, source, ref)
-        state_ref = self.ray.put(self._reference_state())
+        state_ref = self._put_state(self._reference_state())
         by_rank = {s.rank: s for s in self.slots}
         self.ray.get([by_rank[r].actor.load_state.remote(state_ref) for r in bad])
         self.stats.rebroadcasts += len(bad)

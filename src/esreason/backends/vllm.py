@@ -36,7 +36,7 @@ import numpy as np
 
 from esreason.backends.base import Generation, SamplingParams
 from esreason.backends.engine import MemberOutput, ResultCollector, StateFiles, policy_checksum, policy_state, \
-    write_state
+    remove_shared_state, shared_state_dir
 from esreason.backends.inplace_check import PROBE_SIGMA, inplace_update_check
 from esreason.errors import UserError
 
@@ -124,23 +124,20 @@ class VLLMEngine:
         self._vllm = vllm
         self._model_dir = engine_model_dir(state)
         eager = options.enforce_eager or self._cpu_platform()  # see _cpu_platform
-        start = Path(tempfile.mkdtemp(prefix="esreason-vllm-"))  # the start weights; read once by es_setup
-        try:
-            write_state(state, start)
-            self._start(str(start), eager)
-            self.inplace_check = self._check_inplace()  # the graph-mode verdict (None: writes are seen)
-            if self.inplace_check is not None and not eager:
-                log.warning("vllm engine: CUDA graphs do not see in-place weight updates (%s); "
-                            "restarting with enforce_eager=True", self.inplace_check)
-                self._shutdown_llm()
-                self._start(str(start), True)
-                failure = self._check_inplace()
-            else:
-                failure = self.inplace_check
-            if failure is not None:
-                raise RuntimeError(f"vllm engine in eager mode: {failure}; ES cannot run on this engine")
-        finally:
-            shutil.rmtree(start, ignore_errors=True)
+        start = shared_state_dir(state)  # the start weights, one copy per node; read once by es_setup
+        self._start_state = start
+        self._start(str(start), eager)
+        self.inplace_check = self._check_inplace()  # the graph-mode verdict (None: writes are seen)
+        if self.inplace_check is not None and not eager:
+            log.warning("vllm engine: CUDA graphs do not see in-place weight updates (%s); "
+                        "restarting with enforce_eager=True", self.inplace_check)
+            self._shutdown_llm()
+            self._start(str(start), True)
+            failure = self._check_inplace()
+        else:
+            failure = self.inplace_check
+        if failure is not None:
+            raise RuntimeError(f"vllm engine in eager mode: {failure}; ES cannot run on this engine")
         log.info("vllm engine: %s", self.setup)
 
     def _cpu_platform(self) -> bool:
@@ -278,13 +275,15 @@ class VLLMEngine:
             return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
     def load_state(self, state: StateFiles) -> None:
-        with tempfile.TemporaryDirectory(prefix="esreason-vllm-load-") as tmp:
-            write_state(state, tmp)
-            self._rpc("es_load", tmp)
+        self._rpc("es_load", str(shared_state_dir(state)))
 
     def close(self) -> None:
-        """Free the engine (its start files were removed after es_setup; the model dir is shared)."""
+        """Free the engine and remove its start state (in a Ray pool engines are killed instead, and
+        the pool removes the node's shared state; the model dir is shared and stays)."""
         self._shutdown_llm()
+        start = getattr(self, "_start_state", None)
+        if start is not None:
+            remove_shared_state(start.name, start.parent.parent)
 
 
 class VLLMEvaluator:

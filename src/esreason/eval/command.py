@@ -3,7 +3,7 @@
     esreason eval --model PATH|demo (--tasks a,b | --suite NAME) --output DIR
                   [--samples 32] [--temperature 0.6] [--top-p 1.0] [--max-new-tokens 2048]
                   [--k 1,16,32] [--greedy] [--limit N] [--data-dir D] [--split test]
-                  [--seed S] [--batch-size B] [--device cpu|cuda] [--dtype float32]
+                  [--seed S] [--batch-size B] [--device cpu|cuda] [--dtype auto]
                   [--bootstrap 1000] [--no-progress] [--backend hf|vllm] [--engines E]
 
 Parsing only; bad values raise :class:`esreason.errors.UserError` (one line, exit 2).
@@ -61,7 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--batch-size", type=int, default=256, help="rows per sampler batch (default 256)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default float32)")
+    p.add_argument("--dtype", default="auto",
+                   help="float32, bfloat16, float16 or auto: the model's own (its config.json; bfloat16 for the "
+                        "paper's models, float32 for the embedded default); default auto")
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="bootstrap resamples for the 95%% intervals (0: none; default 1000)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -76,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the evaluation described by parsed ``args``; prints the summary table."""
+    from esreason.backends.hf import resolve_dtype
     from esreason.eval.harness import evaluate
     from esreason.tasks import resolve
 
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                        ks=parse_ks(args.k), greedy=args.greedy, limit=args.limit, data_dir=args.data_dir,
                        seed=args.seed, batch_size=args.batch_size, split=args.split,
-                       progress=not args.no_progress, device=args.device, dtype=args.dtype,
+                       progress=not args.no_progress, device=args.device, dtype=resolve_dtype(args.model, args.dtype),
                        ci_resamples=args.bootstrap, suite=args.suite, backend=args.backend, engines=args.engines)
     print(summary.to_markdown())
     print(f"results: {summary.output_dir}/summary.json, {summary.output_dir}/<task>/responses.jsonl")

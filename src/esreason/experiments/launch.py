@@ -8,9 +8,11 @@ on the CPU, the stage runs in-process as before.
 
 - P: ``ESREASON_GPUS`` if set (an integer >= 1; also how the CPU twin test asks for 2 gloo
   processes), else the number of visible CUDA devices for ``device: cuda``, else 1.
-- Sharding (:func:`choose_sharding`): data parallel (DDP, a full replica per GPU) when the training
-  state, vLLM's share and an activation reserve fit one GPU; FSDP2 full sharding otherwise (the
-  paper's 3B and 7B models on 80 GB GPUs).
+- Sharding (:func:`esreason.experiments.memplan.pick_sharding`): data parallel (DDP, a full replica
+  per GPU) when its traced memory (activations included, issue 23) leaves 10 % of the GPU free;
+  FSDP2 full sharding otherwise (the paper's 3B and 7B models on 80 GB GPUs). A model without an
+  architecture file shards. :func:`choose_sharding` (training state + vLLM's share + a fixed
+  activation reserve) remains for models the tracer cannot build.
 - The subprocess gets the stage's resolved config as a YAML file and a generated accelerate config
   (both under ``RUN/launch/``, with the command line in ``launch.json``), so the run does not
   depend on files outside the run directory; ``--resume`` is passed when the run has metrics.
@@ -121,15 +123,15 @@ def _sharding_for(cfg: Any) -> Sharding:
         return "ddp"
     import torch
 
-    from esreason.experiments.flops import count_parameters
+    from esreason.experiments import memplan
 
     try:
-        params = count_parameters(cfg.model)
+        memplan.architecture(cfg.model)
     except UserError:
-        return "fsdp"  # unknown size: sharding always fits where a replica does
-    total = float(torch.cuda.get_device_properties(0).total_memory)
-    share = cfg.grpo.vllm_gpu_memory_utilization if cfg.grpo.use_vllm and cfg.grpo.vllm_mode == "colocate" else 0.0
-    return choose_sharding(params, cfg.dtype, cfg.grpo.beta, total, share)
+        return "fsdp"  # unknown architecture: sharding always fits where a replica does
+    total = float(torch.cuda.get_device_properties(0).total_memory) / memplan.GIB
+    # the traced memory plan (activations included), as `esreason experiment plan` reports it
+    return memplan.pick_sharding(cfg, max(torch.cuda.device_count(), 1), total)
 
 
 def launch_grpo(cfg: Any, out: Path, *, resume: bool, processes: int, sharding: Sharding,

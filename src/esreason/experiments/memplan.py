@@ -18,9 +18,13 @@ stage that does not fit the GPU it sees (``--force`` overrides).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from esreason.experiments.architectures import architecture, parameter_count
@@ -92,17 +96,58 @@ def _bytes(dtype: str) -> int:
     return 2 if dtype in ("bfloat16", "float16") else 4
 
 
+def _cache_dir() -> Path:
+    """Where traces are kept between runs: ``ESREASON_CACHE_DIR`` or ``~/.cache/esreason``, under
+    ``memtrace``."""
+    root = os.environ.get("ESREASON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "esreason")
+    return Path(root) / "memtrace"
+
+
+def _cached(kind: str, arch: dict[str, Any], args: dict[str, Any], trace: Any) -> Trace:
+    """``trace()``, kept on disk under a key of everything it depends on: the architecture, the
+    arguments, the tracer's source and the torch and transformers versions (a change to any traces
+    again). A trace takes seconds; a plan makes a dozen."""
+    import hashlib
+    import inspect
+
+    import torch
+    import transformers
+
+    from esreason.experiments import memtrace
+
+    key = json.dumps([kind, arch, args, torch.__version__, transformers.__version__,
+                      hashlib.sha256(inspect.getsource(memtrace).encode()).hexdigest()], sort_keys=True, default=str)
+    path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+    if path.is_file():
+        try:
+            return Trace(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            pass  # unreadable: trace again and overwrite
+    out = trace()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(out)))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: the plan still works, it traces every time
+    return out
+
+
 @lru_cache(maxsize=64)
 def _grpo_trace(model: str, micro: int, prompt: int, completion: int, master: str, autocast: str | None,
                 beta: float, checkpointing: bool) -> Trace:
-    return trace_grpo_microstep(architecture(model), micro_batch=micro, prompt_len=prompt, completion_len=completion,
-                                master_dtype=master, autocast=autocast, beta=beta,
-                                gradient_checkpointing=checkpointing)
+    arch = architecture(model)
+    args = dict(micro_batch=micro, prompt_len=prompt, completion_len=completion, master_dtype=master,
+                autocast=autocast, beta=beta, gradient_checkpointing=checkpointing)
+    return _cached("grpo", arch, args, lambda: trace_grpo_microstep(arch, **args))
 
 
 @lru_cache(maxsize=64)
 def _forward_trace(model: str, batch: int, seq: int, dtype: str, kind: str) -> Trace:
-    return trace_forward(architecture(model), batch=batch, seq_len=seq, dtype=dtype, kind=kind)
+    arch = architecture(model)
+    args = dict(batch=batch, seq_len=seq, dtype=dtype, kind=kind)
+    return _cached("forward", arch, args, lambda: trace_forward(arch, **args))
 
 
 def grpo_roles(cfg: Any, procs: int, sharding: str, gpu_gib: float) -> list[Role]:
@@ -259,21 +304,29 @@ def load_run_config(path: Any, overrides: tuple[str, ...] = ()) -> Any:
     return load_config(path, overrides)
 
 
+#: DDP is chosen only where its traced memory leaves at least this share of the GPU free.
+DDP_MARGIN = 0.10
+
+
+def pick_sharding(cfg: Any, procs: int, gpu_gib: float) -> str:
+    """DDP when one replica per GPU fits with :data:`DDP_MARGIN` to spare (traced, activations
+    included), else FSDP (which shards parameters, gradients and optimizer states); DDP on one GPU."""
+    if procs <= 1:
+        return "ddp"
+    v = verdict(grpo_roles(cfg, procs, "ddp", gpu_gib), gpu_gib)
+    return "ddp" if v["margin"] >= DDP_MARGIN else "fsdp"
+
+
 def run_config_roles(cfg: Any, gpus: int, gpu_gib: float) -> list[Role]:
     """The GPU roles of one run config on ``gpus`` GPUs of ``gpu_gib`` each (as the runner lays
     it out: GRPO one process per GPU under accelerate, DDP or FSDP as launch.choose_sharding picks;
     ES engines as its backend says)."""
     from esreason.experiments import plan_table as tab
-    from esreason.experiments.launch import choose_sharding
 
     if not str(cfg.device).startswith("cuda"):
         return []
     if hasattr(cfg, "grpo"):
-        g = cfg.grpo
-        share = g.vllm_gpu_memory_utilization if g.use_vllm and g.vllm_mode == "colocate" else 0.0
-        params = parameter_count(architecture(cfg.model))
-        sharding = choose_sharding(params, cfg.dtype, g.beta, gpu_gib * GIB, share) if gpus > 1 else "ddp"
-        return grpo_roles(cfg, gpus, sharding, gpu_gib)
+        return grpo_roles(cfg, gpus, pick_sharding(cfg, gpus, gpu_gib), gpu_gib)
     engines = min(cfg.backend.engines, gpus) if cfg.backend.type == "ray" else 1
     return es_roles(cfg, engines, gpu_gib, tab.CONSTANTS["engine_memory_fraction"].value,
                     tab.CONSTANTS["trainer_gpu_gib"].value)
@@ -281,20 +334,19 @@ def run_config_roles(cfg: Any, gpus: int, gpu_gib: float) -> list[Role]:
 
 def experiment_roles(spec: Any, gpus: int, gpu_gib: float) -> list[tuple[str, list[Role]]]:
     """``[(stage, roles)]`` for every kind of stage ``spec`` runs on GPUs: its ES and GRPO training
-    configs and its evaluation (stages on the CPU have no roles and are left out)."""
+    configs and its evaluation (stages on the CPU have no roles and are left out). ``spec``: an
+    :class:`esreason.experiments.spec.ExperimentSpec` (its ``trained_kinds`` and ``eval_settings``)."""
     from esreason.backends.vllm_eval import EvalEngineOptions
     from esreason.eval.scoring import TOKENS_PER_FORWARD
-    from esreason.experiments.spec import eval_settings
-    from esreason.experiments.spec import TRAINED
 
-    kinds = {k for m in spec.methods for k in TRAINED.get(m.kind, ())}
+    kinds = spec.trained_kinds()
     out = []
     for kind, cfg in (("es", spec.es), ("grpo", spec.grpo)):
         if kind in kinds and cfg is not None:
             roles = run_config_roles(cfg, gpus, gpu_gib)
             if roles:
                 out.append((f"train ({kind})", roles))
-    device, dtype = eval_settings(spec)
+    device, dtype = spec.eval_settings()
     if str(device).startswith("cuda"):
         util = EvalEngineOptions.__dataclass_fields__["gpu_memory_utilization"].default
         out.append(("eval", eval_roles(spec, gpu_gib, util, dtype, TOKENS_PER_FORWARD)))

@@ -175,7 +175,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
 
 
 def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
-    from esreason.experiments.launch import ACTIVATION_RESERVE, choose_sharding, training_state_bytes
+    from esreason.experiments.launch import choose_sharding, training_state_bytes
 
     g = cfg.grpo
     procs = ctx.gpus if cfg.device.startswith("cuda") else 1
@@ -189,12 +189,11 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     train = 8 * ctx.params * rollout_tokens / (procs * ctx.gpu["bf16_flops"] * mfu)
     mem_bytes = ctx.gpu["memory_gib"] * GIB
     share = g.vllm_gpu_memory_utilization if colocate else 0.0
-    sharding = choose_sharding(ctx.params, cfg.dtype, g.beta, mem_bytes, share) if procs > 1 else "ddp"
+    gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (None, ctx.gpu["memory_gib"]))[1]
+    sharding = memplan.pick_sharding(cfg, procs, gib) if procs > 1 and _on_gpu(cfg) else \
+        choose_sharding(ctx.params, cfg.dtype, g.beta, mem_bytes, share) if procs > 1 else "ddp"
     state = training_state_bytes(ctx.params, cfg.dtype, g.beta) / GIB
     per_gpu = state / procs if sharding == "fsdp" else state
-    ctx.note(tab.Assumption("activation_reserve", ACTIVATION_RESERVE, "fraction of GPU memory",
-                            "assumption (ours): esreason.experiments.launch keeps it free for activations when "
-                            "choosing DDP over FSDP (activations are not modelled)"))
     if procs > 1:
         layout = f"accelerate launch, {procs} processes ({sharding.upper()}), 1 GPU each"
     else:
@@ -209,9 +208,6 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         plan_batches(cfg, train_size(cfg.task, cfg.data_path, cfg.train.split, cfg.train.limit), procs)
     except UserError as exc:
         ctx.notes.append(f"{name}: on {procs} processes the run would stop: {exc}")
-    if per_gpu + (share + ACTIVATION_RESERVE) * ctx.gpu["memory_gib"] > ctx.gpu["memory_gib"]:
-        ctx.notes.append(f"{name}: {per_gpu:.0f} GiB of training state per GPU + vLLM's share does not fit "
-                         f"{ctx.gpu['memory_gib']:.0f} GiB with the activation reserve")
     return Stage(name, f"{layout}; {rollouts}", responses + heldout, round(rollout_tokens + heldout_tokens), procs,
                  (gen + train) / 3600, memory,
                  roles=lambda gib: memplan.grpo_roles(cfg, procs, sharding, gib) if _on_gpu(cfg) else [])
@@ -327,9 +323,9 @@ def render(plan: dict[str, Any]) -> str:
     lines = [f"experiment {plan['experiment']}: {plan['model']} ({plan['parameters'] / 1e9:.2f}B parameters, "
              f"class {plan['size_class']}) on {plan['gpus']} x {plan['gpu_type']}", "",
              f"{'stage':<28} {'GPUs':>4} {'responses':>12} {'tokens':>15} {'wall h':>8} {'GPU-h':>8}  "
-             "memory GiB/GPU  runs on"]
+             "memory per GPU (traced plan)  runs on"]
     for s in plan["stages"]:
-        mem = ", ".join(f"{k} {v:g}" for k, v in s["memory_gib_per_gpu"].items())
+        mem = _memory_cell(s.get("memory") or {}, s["memory_gib_per_gpu"])
         lines.append(f"{s['name']:<28} {s['gpus']:>4} {s['responses']:>12,} {s['tokens']:>15,} "
                      f"{s['wall_hours']:>8.2f} {s['gpu_hours']:>8.2f}  {mem}  {s['runs_on']}")
     lines += ["", f"total: {plan['wall_hours']:.2f} h wall, {plan['total_gpu_hours']:.2f} GPU-hours", "",
@@ -337,6 +333,17 @@ def render(plan: dict[str, Any]) -> str:
     lines += [f"  {a['key']} = {a['value']:g} {a['unit']}  [{a['source']}]" for a in plan["assumptions"]]
     lines += [f"note: {n}" for n in plan["notes"]]
     return "\n".join(lines)
+
+
+def _memory_cell(memory: dict[str, Any], fallback: dict[str, float]) -> str:
+    """``59.1 GiB, fits (26 % margin)`` at the plan's GPU type; the other types that do not fit."""
+    if not memory.get("on_gpu"):
+        return ", ".join(f"{k} {v:g}" for k, v in fallback.items()) + " GiB (CPU)"
+    v = memory["verdicts"][memory["gpu_type"]]
+    cell = (f"{v['total_gib']:.1f} GiB, fits ({100 * v['margin']:.0f} % margin)" if v["fits"] else
+            f"{v['total_gib']:.1f} GiB, DOES NOT FIT ({v['term']} {v['term_gib']:.1f} GiB; change {v['key']})")
+    others = [k for k, w in memory["verdicts"].items() if not w["fits"] and k != memory["gpu_type"]]
+    return cell + (f"; not on {', '.join(others)}" if others else "")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

@@ -130,6 +130,14 @@ class ExperimentSpec:
     """Training seeds (key ``seeds``): every trained method once per seed, in ``seed<s>/``
     subdirectories. None: one training run per method with its configs' own ``train.seed``."""
 
+    def trained_kinds(self) -> set[str]:
+        """The training kinds (``es``, ``grpo``) some method of this experiment runs."""
+        return {k for m in self.methods for k in TRAINED.get(m.kind, ())}
+
+    def eval_settings(self) -> tuple[str, str]:
+        """(device, dtype) of this experiment's evaluation (:func:`eval_settings`)."""
+        return eval_settings(self)
+
     def method(self, name: str) -> MethodSpec:
         return next(m for m in self.methods if m.name == name)
 
