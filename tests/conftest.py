@@ -32,13 +32,6 @@ def pytest_addoption(parser):
                      help="esreason: deselect test files marked heavy (the edit-test loop; README)")
 
 
-def pytest_xdist_auto_num_workers(config) -> int:
-    """``-n auto``: one worker more than the cores, at most 4 (issue 27). Many heavy tests wait on
-    subprocesses, Ray's start-up or a killed run's restart; a third worker on 2 cores fills that
-    idle time (measured side by side in the README, "Tests")."""
-    return min(4, (os.cpu_count() or 1) + 1)
-
-
 #: Test files that take longest on one worker (measured, README "Tests"), started first: with test
 #: files spread over workers (pytest-xdist, --dist loadfile) the suite's wall time is at least its
 #: longest file, and a long file started last runs alone at the end. xdist hands out files in this
