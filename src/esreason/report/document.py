@@ -208,7 +208,8 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
             "(problem-only intervals; seeds of independent methods matched by their seed number, which "
             "carries no pairing). 'P(improvement)' (description): the probability that the first method of "
             "the claim scores higher than the second on a random problem and training seeds, ties counting "
-            "1/2 (0.5: no difference; crossed bootstrap interval).", ""]
+            "1/2 (0.5: no difference; interval: the exact problem bootstrap with one seed a side, the crossed "
+            "bootstrap with several).", ""]
     lines += _mdd_md(exp, parts)
     lines += _table_section(parts.pass_table, "1", "Pass@K",
                             "Paper Tables tab:rq1-instruct-final and tab:rq1-deepseek-math.", tex.get("pass_at_k", ""))
