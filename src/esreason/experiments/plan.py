@@ -210,7 +210,7 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         ctx.notes.append(f"{name}: on {procs} processes the run would stop: {exc}")
     return Stage(name, f"{layout}; {rollouts}", responses + heldout, round(rollout_tokens + heldout_tokens), procs,
                  (gen + train) / 3600, memory,
-                 roles=lambda gib: memplan.grpo_roles(cfg, procs, sharding, gib) if _on_gpu(cfg) else [])
+                 roles=lambda gib: memplan.run_config_roles(cfg, procs, gib))  # sharding as the launcher picks on that GPU
 
 
 def _eval_stage(ctx: _Ctx, name: str) -> Stage:
