@@ -286,9 +286,6 @@ def local_gpu() -> tuple[str, float] | None:
     return props.name, props.total_memory / GIB
 
 
-def ceil_gib(x: float) -> float:
-    return math.ceil(x * 10) / 10
-
 
 def load_run_config(path: Any, overrides: tuple[str, ...] = ()) -> Any:
     """An ES or GRPO run config (GRPO when the file has a ``grpo:`` section)."""

@@ -253,7 +253,7 @@ def memory_verdicts(stage: Stage, gpu_type: str) -> dict[str, Any]:
     """The stage's roles at ``gpu_type`` and a verdict for every GPU type (and the local GPU)."""
     if stage.roles is None:
         return {}
-    gpus = {k: v for k, v in memplan.GPU_MEMORY_GIB.items()}
+    gpus = dict(memplan.GPU_MEMORY_GIB)
     local = memplan.local_gpu()
     if local is not None:
         gpus["local"] = local
