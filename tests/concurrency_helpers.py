@@ -60,6 +60,18 @@ def one_line_refusal(result: Result, *needles: str) -> str:
     return lines[0]
 
 
+def serialised(pair: list[Result]) -> bool:
+    """True when both children of a barrier-released pair exited 0.
+
+    The barrier releases both at one instant, but a loaded machine may schedule one child only after
+    the other has finished a short command. Then the second finds the first's complete output and
+    resumes it: a correct serialisation, not a race. The caller must then show that the second run
+    was a no-op (nothing answered or trained twice); anything else is checked by
+    :func:`winner_and_loser`.
+    """
+    return [r.rc for r in pair] == [0, 0]
+
+
 def winner_and_loser(pair: list[Result]) -> tuple[Result, Result, int]:
     """(winner, loser, index of the winner) of a pair where exactly one exited 0."""
     rcs = [r.rc for r in pair]

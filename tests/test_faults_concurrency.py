@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from concurrency_helpers import one_line_refusal, race, winner_and_loser
+from concurrency_helpers import one_line_refusal, race, serialised, winner_and_loser
 
 from esreason.errors import DirectoryLocked
 from esreason.io.lock import LOCK_FILE, directory_lock, has_content, held_directories
@@ -180,7 +180,7 @@ def es_refs(tmp_path_factory):
     return _References(tmp_path_factory.mktemp("es-refs"))
 
 
-def check_es_pair(pair, out: Path, refs: dict[str, str]) -> None:
+def check_es_pair(pair, out: Path, refs: dict[str, str]) -> bool:
     """Exactly one run wrote ``out``: steps 1, 2 once each, config.yaml = the manifest's = the winner's sigma,
     the final checkpoint = the undisturbed run with that sigma."""
     from esreason.io.hashing import hash_directory_safetensors
@@ -194,19 +194,31 @@ def check_es_pair(pair, out: Path, refs: dict[str, str]) -> None:
     assert str(config["es"]["sigma"]) == SIGMAS[w]
     assert hash_directory_safetensors(out / "checkpoints" / "step_2") == refs[SIGMAS[w]]
     assert not (out / LOCK_FILE).exists()
+    return True  # different configs: a serialised second run is refused too, so every pair counts as raced
 
 
-def check_eval_pair(pair, out: Path) -> None:
-    _, loser, _ = winner_and_loser(pair)
-    one_line_refusal(loser, str(out))
+def check_eval_pair(pair, out: Path) -> bool:
+    """Exactly one row per (problem, sample); True when the pair raced (one refusal), False when the
+    machine ran it one after the other (then the second resumed every problem and answered none)."""
+    raced = not serialised(pair)
+    if raced:
+        _, loser, _ = winner_and_loser(pair)
+        one_line_refusal(loser, str(out))
+    else:  # the summary is the later run's: it found both problems answered
+        timings = json.loads((out / "summary.json").read_text())["timings"]["demo-add"]
+        assert timings["problems_resumed"] == 2 and timings["responses"] == 0, timings
     rows = [json.loads(x) for x in (out / "demo-add" / "responses.jsonl").read_text().splitlines()]
     keys = [(r["problem_id"], r["greedy"], r["sample"]) for r in rows]
     assert len(keys) == len(set(keys)) == 2 * 2  # exactly one row per (problem, sample)
+    return raced
 
 
-def check_experiment_pair(pair, out: Path) -> None:
-    _, loser, _ = winner_and_loser(pair)
-    one_line_refusal(loser, str(out))
+def check_experiment_pair(pair, out: Path) -> bool:
+    """One training, one row per (problem, sample); True when the pair raced (see :func:`check_eval_pair`)."""
+    raced = not serialised(pair)
+    if raced:
+        _, loser, _ = winner_and_loser(pair)
+        one_line_refusal(loser, str(out))
     record = json.loads((out / "experiment.json").read_text())
     assert sorted(record["methods"]) == ["es"]
     steps = [json.loads(x)["step"] for x in (out / "runs" / "es" / "metrics.jsonl").read_text().splitlines()]
@@ -214,6 +226,7 @@ def check_experiment_pair(pair, out: Path) -> None:
     for task in ("demo-add", "demo-sub"):
         rows = [json.loads(x) for x in (out / "eval" / "es" / task / "responses.jsonl").read_text().splitlines()]
         assert len({(r["problem_id"], r["sample"]) for r in rows}) == len(rows) == 2 * 2
+    return raced
 
 
 KINDS = ("es", "eval", "experiment")
@@ -234,9 +247,13 @@ def _run_and_check(n: int, kinds: tuple[str, ...], tmp: Path, refs: dict[str, st
     t0 = time.perf_counter()
     results = race([argvs[kind](i) for kind, i in rounds], tmp / "work")
     seconds = time.perf_counter() - t0
+    raced = {kind: 0 for kind in kinds}
     for (kind, i), pair in zip(rounds, results):
-        checks[kind](pair, i)
-    print(f"{n} pair(s) each of {', '.join(kinds)}: exactly one writer every time ({seconds:.0f} s)")
+        raced[kind] += checks[kind](pair, i)
+    print(f"{n} pair(s) each of {', '.join(kinds)}: exactly one writer every time ({seconds:.0f} s); "
+          f"pairs that overlapped (one refused): {raced}")
+    if n >= PAIRS:  # many rounds: the barrier must produce real races, not only one-after-the-other runs
+        assert all(raced[kind] >= n // 2 for kind in kinds), raced
 
 
 def test_one_simultaneous_pair_of_train_es_and_of_eval(es_refs, tmp_path):
