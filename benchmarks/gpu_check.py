@@ -19,7 +19,12 @@ their real size) and prints ONE JSON object:
   step (policy with masters and saved centre: N x (perturb, generate, restore) + update);
 - ``host_reference``: the trainer's reference as it runs beside vLLM engines (weights and fp32
   masters in host memory, directions drawn on the GPU) applies the same update as the
-  on-device policy, bit for bit.
+  on-device policy, bit for bit;
+- ``memory_model``, ``sharded_update``, ``pinned`` (issue 23; benchmarks/gpu_check_memory.py):
+  the fake-tensor trace the plan uses next to ``torch.cuda.max_memory_allocated`` for one GRPO
+  micro-step and one ES member pass at the shipped configs' shapes (within ±10 %), the sharded
+  update's fixed-point arithmetic on the device bit-checked against the host, and the fp32
+  masters pinned in one buffer of exactly their size.
 
 Every section runs even if an earlier one failed; a failed section carries ``error`` and the
 process exits 1, as it does when a check is false. ``--tiny --device cpu`` runs the same
@@ -287,9 +292,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["host_reference"] = section(result, "host_reference",
                                        lambda: check_host_reference(model, args.population, args.device)) \
         or result.get("host_reference")
+    import gpu_check_memory as mem
+
+    result["sharded_update"] = section(result, "sharded_update",
+                                       lambda: mem.check_sharded_update(model, args.device, args.population)) \
+        or result.get("sharded_update")
+    result["pinned"] = section(result, "pinned", lambda: mem.check_pinned(model, args.device)) or result.get("pinned")
+    vocab = model.config.vocab_size
+    del model  # the memory model's section measures from what is allocated without it
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    result["memory_model"] = section(result, "memory_model",
+                                     lambda: mem.check_memory_model(args.device, args.tiny, TINY, vocab)) \
+        or result.get("memory_model")
     # The lent machine has none of these: the check (and the ES path it runs) must not import them.
     result["absent_on_gpu_machine_but_imported"] = sorted(m for m in ABSENT_ON_GPU_MACHINE if m in sys.modules)
-    checks = ("restore", "determinism", "host_reference")
+    checks = ("restore", "determinism", "host_reference", "sharded_update", "pinned", "memory_model")
     result["ok"] = not result["absent_on_gpu_machine_but_imported"] and "error" not in result.get("timing", {}) \
         and all((result.get(k) or {}).get("ok", False) for k in checks)
     return result

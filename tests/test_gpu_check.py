@@ -38,6 +38,18 @@ def test_gpu_check_cpu_twin_runs_from_source_and_every_check_holds(tmp_path):
         assert timing[key] > 0, key
     assert 0 < timing["es_overhead_share"] < 1
     assert out["memory"]["es_vs_inference_peak"] is None and "CUDA" in out["memory"]["note"]
+    # issue 23: the sharded update's arithmetic, pinned masters, the memory model at the configs' shapes
+    sharded = out["sharded_update"]
+    assert sharded["ok"] and sharded["two_engines_equal_reference"] and sharded["device_arithmetic_equals_host"]
+    assert sharded["apply_equal"] and sharded["elements"] > 0
+    pinned = out["pinned"]
+    assert pinned["ok"] and pinned["buffer_vs_payload"] < 1.05 and pinned["pinned_gib"] == 0  # nothing to pin on a CPU
+    model = out["memory_model"]
+    assert model["ok"] and model["configs"] == ["configs/easy/grpo-qwen2.5-1.5b.yaml", "configs/easy/es-qwen2.5-1.5b.yaml"]
+    assert model["shapes"]["grpo"]["gradient_checkpointing"] is True and model["shapes"]["grpo"]["beta"] > 0
+    for step in ("grpo_microstep", "es_member_pass"):
+        assert model[step]["traced_gib"] > 0 and model[step]["measured_gib"] is None  # measured on CUDA only
+    assert model["grpo_microstep"]["traced_terms_gib"]["optimizer"] > 0
 
 
 def test_gpu_check_refuses_cuda_without_a_gpu(monkeypatch):

@@ -183,3 +183,30 @@ def test_the_7b_experiment_does_not_fit_an_a100_40gb_and_run_refuses_before_star
     line = run.stderr.strip().splitlines()[-1]
     assert "stage train (grpo) does not fit NVIDIA A100 40GB" in line and v["term"] in line and "--force" in line
     assert not out.exists()  # refused before anything was written
+
+
+def test_every_gpu_stage_plans_host_ram_pinned_memory_and_disk_per_node():
+    """Issue 23's host side, at 7B on 8 GPUs: the masters each engine pins are exactly their bytes
+    (backends/pinned.PinnedArena; one tensor at a time they rounded to about twice that), the start
+    state is on disk once per node, and under FSDP only rank 0 reads the policy (TRL's reference is
+    read by every process)."""
+    from esreason.experiments.architectures import architecture, parameter_count
+
+    plan = _plan("easy-qwen2.5-7b")
+    params = parameter_count(architecture("Qwen/Qwen2.5-7B-Instruct"))
+    gib = 2.0 ** 30
+    for s in plan["stages"]:
+        host = s["memory"]["host"]
+        assert host["host_ram_total_gib"] == pytest.approx(sum(host["host_ram_gib"].values()), abs=0.1)
+        assert host["disk_total_gib"] == pytest.approx(sum(host["disk_gib"].values()), abs=0.1)
+        assert host["host_fits"] and set(host["keys"]) >= set(host["host_ram_gib"]) | set(host["disk_gib"])
+    es = next(s for s in plan["stages"] if s["name"] == "train/es")["memory"]["host"]
+    assert es["pinned_gib"]["engine_masters"] == pytest.approx(8 * 4 * params / gib, rel=1e-3)
+    assert es["pinned_gib"]["engine_masters"] == es["host_ram_gib"]["engine_masters_pinned"]  # pinned is host RAM
+    assert es["disk_gib"]["start_state"] == pytest.approx((2 + 4) * params / gib, rel=1e-3)  # once, not 8 times
+    grpo = next(s for s in plan["stages"] if s["name"] == "train/grpo")
+    assert "(FSDP)" in grpo["runs_on"]
+    host = grpo["memory"]["host"]["host_ram_gib"]
+    assert host["load_policy"] == pytest.approx(4 * params / gib, rel=1e-3)  # rank 0 only
+    assert host["load_reference"] == pytest.approx(8 * 4 * params / gib, rel=1e-3)
+    assert set(plan["host_terms"]) >= {"process", "vllm_engine_process", "node_ram"}

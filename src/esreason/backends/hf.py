@@ -9,6 +9,7 @@ writes checkpoints that load with plain ``AutoModelForCausalLM.from_pretrained``
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -109,15 +110,58 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[
     _verify_if_checkpoint(spec, path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        if fsdp_broadcast_receiver():
+            model = _empty_model(path, DTYPES[dtype])
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except OSError as exc:
         raise UserError(f"cannot load model {spec!r}: {str(exc).splitlines()[0]}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model.to(device)
+    if not _loaded_on_meta(model):
+        model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def fsdp_broadcast_receiver() -> bool:
+    """True on a process that gets its weights from rank 0 instead of reading them: FSDP with
+    ``fsdp_cpu_ram_efficient_loading`` (the environment ``accelerate launch`` exports from
+    configs/accelerate/fsdp-7b.yaml), a process group up, and a local rank other than 0.
+
+    accelerate's FSDP2 preparation then moves the model to the meta device, shards it, and
+    broadcasts rank 0's full state dict into the shards (``fsdp2_load_full_state_dict``), so the
+    other processes' copies are never read. transformers 5 no longer skips the read on those
+    processes itself (4.x did), so each would hold a full fp32 copy at start (7B: 30 GB each).
+    """
+    import torch.distributed as dist
+
+    def flag(name: str) -> bool:
+        return os.environ.get(name, "false").strip().lower() in ("1", "true", "yes")
+
+    return (flag("ACCELERATE_USE_FSDP") and flag("FSDP_CPU_RAM_EFFICIENT_LOADING") and dist.is_available()
+            and dist.is_initialized() and int(os.environ.get("LOCAL_RANK", "0")) != 0)
+
+
+def _empty_model(path: Any, dtype: Any) -> Any:
+    """The architecture of ``path`` with its parameters on the meta device (nothing read, nothing
+    allocated) and its buffers real (the rotary tables: accelerate re-registers non-persistent
+    buffers on the device after sharding, and those are not broadcast)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # accelerate's empty-weight hooks leave tied embeddings untied; from_pretrained ties them
+    return model
+
+
+def _loaded_on_meta(model: Any) -> bool:
+    """True when the parameters are on the meta device (:func:`fsdp_broadcast_receiver`): moving
+    them would fail (meta tensors have no data); accelerate places them when it shards."""
+    return any(p.device.type == "meta" for p in model.parameters())
 
 
 class HFPolicy:

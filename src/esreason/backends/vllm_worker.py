@@ -191,15 +191,24 @@ class ESWorkerExtension:
         elif device.type == "cpu":
             where = "host memory"
         target_dtype = torch.float32 if self._es_master else None
+        old_arena = getattr(self, "_es_arena", None)
+        if old_arena is not None:  # a new start state: the previous centre's pages are unlocked first
+            old_arena.close()
+        self._es_arena = None
         centre = {}
-        for name, v in views.items():
-            src = masters[name] if masters is not None else v
-            if where == "pinned host memory":
-                t = torch.empty(v.shape, dtype=target_dtype or v.dtype, pin_memory=True)
-                t.copy_(src)
-            else:
-                t = src.to(device=device, dtype=target_dtype or v.dtype, copy=True)
-            centre[name] = t
+        if where == "pinned host memory":
+            # One buffer of exactly the bytes needed, page-locked once (backends/pinned.py): tensor by
+            # tensor, torch's caching host allocator would round each up to a power of two.
+            from esreason.backends.pinned import PinnedArena
+
+            self._es_arena = PinnedArena({n: (tuple(v.shape), target_dtype or v.dtype) for n, v in views.items()})
+            for name, v in views.items():
+                centre[name] = self._es_arena.tensors[name]
+                centre[name].copy_(masters[name] if masters is not None else v)
+        else:
+            for name, v in views.items():
+                src = masters[name] if masters is not None else v
+                centre[name] = src.to(device=device, dtype=target_dtype or v.dtype, copy=True)
         self._es_centre = centre if (self._es_restore == "exact" or self._es_master) else None
         log.info("es: centre copy (%.1f MiB) in %s", need / 2**20, where)
         return where

@@ -88,7 +88,8 @@ def accelerate_config(sharding: Sharding, processes: int) -> dict[str, Any]:
         cfg["fsdp_config"] = {
             "fsdp_version": 2, "fsdp_reshard_after_forward": True,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_state_dict_type": "FULL_STATE_DICT",
-            "fsdp_cpu_ram_efficient_loading": False, "fsdp_offload_params": False,
+            # only local rank 0 reads the weights on the host; the others get them by broadcast (issue 23)
+            "fsdp_cpu_ram_efficient_loading": True, "fsdp_offload_params": False,
             "fsdp_activation_checkpointing": False,
         }
     return cfg

@@ -55,6 +55,8 @@ class Stage:
     """GPU memory in GiB -> this stage's :class:`esreason.experiments.memplan.Role` list (issue 23)."""
     memory: dict[str, Any] = field(default_factory=dict)
     """Per-GPU memory terms of each role at the plan's GPU type, and a verdict per GPU type."""
+    host: Any = None
+    """GPU memory in GiB -> host RAM, pinned memory and disk of one node (memplan.*_host)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -165,13 +167,15 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
                   "trainer_host": trainer}
         trainer_gpu = ctx.const("trainer_gpu_gib")
         return Stage(name, where, responses + heldout, round(tokens), engines, wall / 3600, memory,
-                     roles=lambda gib: memplan.es_roles(cfg, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [])
+                     roles=lambda gib: memplan.es_roles(cfg, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [],
+                     host=lambda gib: memplan.es_host(cfg, engines, gib, frac, updates))
     wall = tokens / ctx.rate("hf") + updates * ctx.hbm_seconds(
         n * (BYTES_PER_PARAM["perturb"] + BYTES_PER_PARAM["restore"] + 2 * BYTES_PER_PARAM["draw"]
              + BYTES_PER_PARAM["accumulate"]) + BYTES_PER_PARAM["apply"])
     where = f"HF transformers sampler, in-process ({be.type}), 1 GPU, members one {'batch' if be.type == 'batched' else 'at a time'}"
     return Stage(name, where, responses + heldout, round(tokens), 1, wall / 3600, {"trainer": trainer},
-                 roles=lambda gib: memplan.es_roles(cfg, 1, gib, 0.0, 0.0) if _on_gpu(cfg) else [])
+                 roles=lambda gib: memplan.es_roles(cfg, 1, gib, 0.0, 0.0) if _on_gpu(cfg) else [],
+                 host=lambda gib: memplan.es_host(cfg, 1, gib, 0.0, updates))
 
 
 def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
@@ -210,7 +214,8 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         ctx.notes.append(f"{name}: on {procs} processes the run would stop: {exc}")
     return Stage(name, f"{layout}; {rollouts}", responses + heldout, round(rollout_tokens + heldout_tokens), procs,
                  (gen + train) / 3600, memory,
-                 roles=lambda gib: memplan.run_config_roles(cfg, procs, gib))  # sharding as the launcher picks on that GPU
+                 roles=lambda gib: memplan.run_config_roles(cfg, procs, gib),  # sharding as the launcher picks on that GPU
+                 host=lambda gib: memplan.grpo_host(cfg, procs, memplan.pick_sharding(cfg, procs, gib), updates))
 
 
 def _eval_stage(ctx: _Ctx, name: str) -> Stage:
@@ -227,9 +232,11 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
         frac = ctx.const("eval_memory_fraction")
         where = f"{engines} vLLM engine{'s' if engines > 1 else ''} (1 GPU each) + teacher-forced entropy pass"
         return Stage(name, where, responses, round(tokens), engines, wall / 3600,
-                     {"engine": frac * ctx.gpu["memory_gib"]}, roles=lambda gib: _eval_roles(ctx, gib))
+                     {"engine": frac * ctx.gpu["memory_gib"]}, roles=lambda gib: _eval_roles(ctx, gib),
+                     host=lambda gib: memplan.eval_host(ctx.spec, engines))
     return Stage(name, "HF transformers sampler, 1 GPU", responses, round(tokens), 1,
-                 tokens / ctx.rate("hf") / 3600, {"model": 2 * ctx.params / GIB}, roles=lambda gib: _eval_roles(ctx, gib))
+                 tokens / ctx.rate("hf") / 3600, {"model": 2 * ctx.params / GIB}, roles=lambda gib: _eval_roles(ctx, gib),
+                 host=lambda gib: memplan.eval_host(ctx.spec, 1))
 
 
 def _on_gpu(cfg: Any) -> bool:
@@ -264,7 +271,10 @@ def memory_verdicts(stage: Stage, gpu_type: str) -> dict[str, Any]:
     verdicts = {}
     for key, (label, gib) in gpus.items():
         verdicts[key] = {"gpu": label, **memplan.verdict(stage.roles(gib), gib)}
-    return {"on_gpu": True, "gpu_type": gpu_type, "roles": memplan.roles_json(roles), "verdicts": verdicts}
+    out = {"on_gpu": True, "gpu_type": gpu_type, "roles": memplan.roles_json(roles), "verdicts": verdicts}
+    if stage.host is not None:  # per node: host RAM, pinned memory, disk
+        out["host"] = stage.host(plan_gib)
+    return out
 
 
 def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, Any]:
@@ -296,6 +306,7 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, 
         "total_gpu_hours": round(sum(s.gpu_hours for s in stages), 2),
         "wall_hours": round(sum(s.wall_hours for s in stages), 2),
         "assumptions": [a.as_dict() for a in ctx.used.values()],
+        "host_terms": {k: {"value": v, "unit": u, "source": src} for k, (v, u, src) in memplan.HOST_TERMS.items()},
         "notes": ctx.notes,
     }
 
@@ -328,6 +339,13 @@ def render(plan: dict[str, Any]) -> str:
         mem = _memory_cell(s.get("memory") or {}, s["memory_gib_per_gpu"])
         lines.append(f"{s['name']:<28} {s['gpus']:>4} {s['responses']:>12,} {s['tokens']:>15,} "
                      f"{s['wall_hours']:>8.2f} {s['gpu_hours']:>8.2f}  {mem}  {s['runs_on']}")
+    hosts = [(s["name"], s["memory"]["host"]) for s in plan["stages"] if (s.get("memory") or {}).get("host")]
+    if hosts:
+        lines += ["", "per node, host side: RAM (of which pinned) / disk"]
+        for name, h in hosts:
+            fits = "" if h["host_fits"] else f"  EXCEEDS the {h['node_ram_gib']:.0f} GiB of a DGX H100"
+            lines.append(f"  {name:<28} {h['host_ram_total_gib']:>7.1f} GiB ({h['pinned_total_gib']:.1f} pinned) / "
+                         f"{h['disk_total_gib']:.1f} GiB{fits}")
     lines += ["", f"total: {plan['wall_hours']:.2f} h wall, {plan['total_gpu_hours']:.2f} GPU-hours", "",
               "assumptions:"]
     lines += [f"  {a['key']} = {a['value']:g} {a['unit']}  [{a['source']}]" for a in plan["assumptions"]]
