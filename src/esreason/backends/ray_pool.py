@@ -196,6 +196,7 @@ class RayEnginePool:
         self._next_rank = 0
         self._closed = False
         self._state_keys: set[str] = set()  # start states written once per node (engine.shared_state_dir)
+        self._hosts: dict[int, str] = {}  # engine rank -> the host it started on
         self.sharded = ShardedUpdate(self, collective_timeout_s) if update == "sharded" else None
         self._owns_ray = self._connect(address)
         try:
@@ -276,6 +277,7 @@ class RayEnginePool:
             self._discard(new)
             raise UserError(f"{count} {self.kind} engines did not start within {self.start_timeout_s:g} s") from None
         self.slots.extend(new)
+        self._hosts.update(zip((s.rank for s in new), hosts))
         log.info("ray pool: %d %s engines on %s", count, self.kind, sorted(set(hosts)))
         domains = dict(zip((s.rank for s in self.slots),
                            self.ray.get([s.actor.noise_domain.remote() for s in self.slots])))
@@ -434,6 +436,10 @@ class RayEnginePool:
             return policy_checksum(self.reference)
         return sums[self.slots[0].rank]
 
+    def hosts(self) -> list[str]:
+        """The host of every live engine, by rank."""
+        return [self._hosts.get(s.rank, "?") for s in self.slots]
+
     def checksums(self) -> dict[int, str]:
         """Centre checksum of every live engine by rank (after pending updates)."""
         self._settle()
@@ -479,15 +485,20 @@ def _summary(exc: BaseException) -> str:
 
 
 def build_ray_pool(cfg: Any, policy: Any) -> RayEnginePool:
-    """The pool for a run config: HF engines on CPU (``device: cpu``), vLLM engines on GPUs otherwise."""
+    """The pool for a run config (``backend.engine``): HF engines on CPU (``device: cpu``), vLLM
+    engines on GPUs; ``engine: vllm`` on the CPU runs vLLM's CPU build, one CPU per engine."""
     state = policy_state(policy)
     be = cfg.backend
     common = dict(address=be.ray_address, check_every=getattr(be, "check_every", 10), reference=policy,
                   update=getattr(be, "update", "replicated"))
-    if cfg.device == "cpu":
+    kind = getattr(be, "engine", "auto")
+    if kind == "auto":
+        kind = "hf" if cfg.device == "cpu" else "vllm"
+    if kind == "hf":
         return RayEnginePool("hf", HFEngineOptions.from_config(cfg, threads=1), state, be.engines,
                              cpus=1, gpus=0, start_timeout_s=engine_start_timeout("hf", os.environ), **common)
     from esreason.backends.vllm import VLLMEngineOptions
 
-    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, cpus=1, gpus=1,
+    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, cpus=1,
+                         gpus=0 if cfg.device == "cpu" else 1,
                          start_timeout_s=engine_start_timeout("vllm", os.environ), **common)

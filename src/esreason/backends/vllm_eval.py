@@ -266,6 +266,7 @@ class EngineGenerator:
         self._submit, self._collect, self._close = submit, collect, close
         self.scorer = scorer
         self.identity = identity
+        self.records: list[dict[str, Any]] = []  # one per engine started (eval_pool.engine_record)
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> Generation:
         from esreason.backends.sampling import check_params

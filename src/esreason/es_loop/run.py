@@ -19,6 +19,9 @@ from esreason.errors import UserError
 from esreason.es_loop.resume import CONFIG_FILE, ResumeCheck, record_extension
 from esreason.es_loop.trainer import ES_STATE_FILE, ESTrainer, TrainResult
 
+#: What population evaluation actually ran, written when the backend has started (RUN/backend.json).
+BACKEND_FILE = "backend.json"
+
 
 def _task_data_path(cfg: RunConfig, task: str) -> str | None:
     if task == cfg.task and cfg.data_path:
@@ -180,6 +183,10 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     # engines) must not leave a directory that "already holds a run".
     evaluator = build_evaluator(cfg, policy, generator, tokenizer)
     try:
+        from esreason.es_loop.select import describe_evaluator
+        from esreason.io.atomic import atomic_write_json
+
+        atomic_write_json(out / BACKEND_FILE, describe_evaluator(cfg, evaluator))
         heldout = make_heldout(cfg, heldout_generator(evaluator, policy, generator, tokenizer), tokenizer)
         with MetricsLogger(out, truncate_after=truncate_after) as logger:
             trainer = ESTrainer(cfg, policy, generator, problems, prompts, scorer, run_dir, logger, heldout,

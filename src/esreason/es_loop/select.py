@@ -53,3 +53,15 @@ def _build_batched(cfg: Any, policy: Any, generator: Generator) -> PopulationEva
         raise UserError(f"config key 'backend.population_batch': {cfg.backend.population_batch} is larger than "
                         f"es.population_size={cfg.es.population_size} (use 0 for the whole population)")
     return BatchedEvaluator(policy, generator, population_batch=cfg.backend.population_batch)
+
+
+def describe_evaluator(cfg: Any, evaluator: Any) -> dict[str, Any]:
+    """What population evaluation actually runs (``RUN/backend.json``): the backend, the engine
+    kind, how many engines started, the update mode, each engine's host."""
+    slots = getattr(evaluator, "slots", None)
+    if slots is not None:  # a Ray pool (backends/ray_pool.py)
+        return {"type": "ray", "engine": evaluator.kind, "engines": len(slots), "update": evaluator.update_mode,
+                "gpus_per_engine": evaluator.gpus, "hosts": evaluator.hosts()}
+    if getattr(getattr(evaluator, "engine", None), "llm", None) is not None:
+        return {"type": "vllm", "engine": "vllm", "engines": 1, "update": "replicated"}
+    return {"type": cfg.backend.type, "engine": "hf", "engines": 1, "update": "replicated"}

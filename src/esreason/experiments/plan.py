@@ -286,11 +286,15 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, 
     for m in spec.methods:
         kinds = TRAINED.get(m.kind, ())
         budgets = (spec.updates,) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
-        for i, (kind, updates) in enumerate(zip(kinds, budgets), start=1):
-            name = f"train/{m.name}" if len(kinds) == 1 else f"train/{m.name}/stage{i}_{kind}"
-            stages.append(_es_stage(ctx, spec.es, name, updates) if kind == "es"
-                          else _grpo_stage(ctx, spec.grpo, name, updates))
-        stages.append(_eval_stage(ctx, f"eval/{m.name}"))
+        # with `seeds`, every trained method is trained and evaluated once per seed (seed<s>/...);
+        # the base model, which has no training seed, is evaluated once
+        prefixes = [f"seed{s}/" for s in spec.seeds] if (spec.seeds and kinds) else [""]
+        for prefix in prefixes:
+            for i, (kind, updates) in enumerate(zip(kinds, budgets), start=1):
+                name = f"{prefix}train/{m.name}" if len(kinds) == 1 else f"{prefix}train/{m.name}/stage{i}_{kind}"
+                stages.append(_es_stage(ctx, spec.es, name, updates) if kind == "es"
+                              else _grpo_stage(ctx, spec.grpo, name, updates))
+            stages.append(_eval_stage(ctx, f"{prefix}eval/{m.name}"))
     for st in stages:
         st.memory = memory_verdicts(st, gpu_type_key(gpu))
         v = st.memory.get("verdicts", {}).get(gpu_type_key(gpu))

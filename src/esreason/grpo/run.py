@@ -329,6 +329,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
             train_dataset=_build_dataset(problems), processing_class=tokenizer, callbacks=callbacks,
             standardize_advantages=cfg.grpo.standardize_advantages)
         _remove_console_callbacks(trainer)
+        _record_backend(out, trainer, procs)
         try:
             with known_library_noise():  # TRL's and the Trainer's known messages, by message and module
                 # A finished run trains nothing: transformers would run one more step when resumed at
@@ -342,6 +343,34 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         latest = run_dir.latest_checkpoint()
         final = latest[1] if latest else None
     return GRPOResult(plan.total_updates, final)
+
+
+def _record_backend(out: Path, trainer: Any, procs: Any) -> None:
+    """``RUN/backend.json``: what actually runs -- every process (rank, pid, host) and its rollout
+    sampler (TRL's colocated vLLM engine, a vLLM server, or HF generate). A collective: every
+    process takes part; the main process writes."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    from esreason.io.atomic import atomic_write_json
+
+    vllm = getattr(trainer, "vllm_generation", None)
+    if getattr(vllm, "llm", None) is not None:
+        rollouts = "vllm-colocate"
+    elif getattr(trainer, "use_vllm", False):
+        rollouts = "vllm-server"
+    else:
+        rollouts = "hf-generate"
+    mine = {"rank": procs.process_index, "pid": os.getpid(), "host": socket.gethostname(), "rollouts": rollouts}
+    members = [mine]
+    if dist.is_available() and dist.is_initialized():
+        members = [None] * dist.get_world_size()
+        dist.all_gather_object(members, mine)
+    if procs.is_main:
+        atomic_write_json(out / "backend.json", {"type": "grpo", "processes": len(members),
+                                                 "sharding": procs.sharding, "members": members})
 
 
 def _remove_console_callbacks(trainer: Any) -> None:
