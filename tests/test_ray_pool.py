@@ -109,6 +109,11 @@ def pooled(ray_local):
                       direction_cache_mb=cfg.es.direction_cache_mb)
     pool = build_evaluator(cfg, policy, None, tok)
     assert isinstance(pool, RayEnginePool) and len(pool.slots) == 2
+    from esreason.es_loop.select import describe_evaluator
+
+    record = describe_evaluator(cfg, pool)  # RUN/backend.json: what actually started
+    assert (record["type"], record["engine"], record["engines"], record["update"]) == ("ray", "hf", 2, "replicated")
+    assert len(record["hosts"]) == 2 and "?" not in record["hosts"]
     yield cfg, policy, pool
     pool.close()
 

@@ -196,7 +196,7 @@ class RayEnginePool:
         self._next_rank = 0
         self._closed = False
         self._state_keys: set[str] = set()  # start states written once per node (engine.shared_state_dir)
-        self._hosts: dict[int, str] = {}  # engine rank -> the host it started on
+        self.engine_hosts: dict[int, str] = {}  # engine rank -> the host it started on
         self.sharded = ShardedUpdate(self, collective_timeout_s) if update == "sharded" else None
         self._owns_ray = self._connect(address)
         try:
@@ -277,7 +277,7 @@ class RayEnginePool:
             self._discard(new)
             raise UserError(f"{count} {self.kind} engines did not start within {self.start_timeout_s:g} s") from None
         self.slots.extend(new)
-        self._hosts.update(zip((s.rank for s in new), hosts))
+        self.engine_hosts.update(zip((s.rank for s in new), hosts))
         log.info("ray pool: %d %s engines on %s", count, self.kind, sorted(set(hosts)))
         domains = dict(zip((s.rank for s in self.slots),
                            self.ray.get([s.actor.noise_domain.remote() for s in self.slots])))
@@ -435,10 +435,6 @@ class RayEnginePool:
         if self.reference is not None:
             return policy_checksum(self.reference)
         return sums[self.slots[0].rank]
-
-    def hosts(self) -> list[str]:
-        """The host of every live engine, by rank."""
-        return [self._hosts.get(s.rank, "?") for s in self.slots]
 
     def checksums(self) -> dict[int, str]:
         """Centre checksum of every live engine by rank (after pending updates)."""

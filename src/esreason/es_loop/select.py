@@ -61,7 +61,8 @@ def describe_evaluator(cfg: Any, evaluator: Any) -> dict[str, Any]:
     slots = getattr(evaluator, "slots", None)
     if slots is not None:  # a Ray pool (backends/ray_pool.py)
         return {"type": "ray", "engine": evaluator.kind, "engines": len(slots), "update": evaluator.update_mode,
-                "gpus_per_engine": evaluator.gpus, "hosts": evaluator.hosts()}
+                "gpus_per_engine": evaluator.gpus,
+                "hosts": [evaluator.engine_hosts.get(s.rank, "?") for s in slots]}
     if getattr(getattr(evaluator, "engine", None), "llm", None) is not None:
         return {"type": "vllm", "engine": "vllm", "engines": 1, "update": "replicated"}
     return {"type": cfg.backend.type, "engine": "hf", "engines": 1, "update": "replicated"}
