@@ -193,16 +193,29 @@ def grpo_roles(cfg: Any, procs: int, sharding: str, gpu_gib: float) -> list[Role
     return [r]
 
 
+def es_masters_gib(cfg: Any) -> float:
+    """GiB of the fp32 masters an ES run keeps for a bf16/fp16 model (0 for fp32, or with
+    ``es.master_weights: none``)."""
+    params = parameter_count(architecture(cfg.model))
+    return 4 * params / GIB if _bytes(cfg.dtype) == 2 and cfg.es.master_weights != "none" else 0.0
+
+
+def masters_fit_on_gpu(masters_gib: float, engine_fraction: float, gpu_gib: float) -> bool:
+    """Whether an engine keeps its fp32 masters on the GPU: they fit outside vLLM's reservation
+    with a 1 GiB + 20 % margin (the rule of ``vllm_worker._es_snapshot``), else pinned host memory."""
+    return masters_gib * 1.2 + 1 <= (1 - engine_fraction) * gpu_gib
+
+
 def es_roles(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, trainer_gib: float) -> list[Role]:
     """An ES engine's GPU, and GPU 0 with the trainer beside its engine (vLLM backends); or the
     one GPU of the in-process HF sampler."""
     params = parameter_count(architecture(cfg.model))
     w = _bytes(cfg.dtype)
-    masters = 4 * params / GIB if w == 2 and cfg.es.master_weights != "none" else 0.0
+    masters = es_masters_gib(cfg)
     if cfg.backend.type in ("ray", "vllm"):
         r = Role("ES engine")
         r.add("vllm", engine_fraction * gpu_gib, "VLLMEngineOptions.gpu_memory_utilization (code default)")
-        if masters and masters * 1.2 + 1 <= (1 - engine_fraction) * gpu_gib:
+        if masters and masters_fit_on_gpu(masters, engine_fraction, gpu_gib):
             r.add("fp32_masters", masters, "es.master_weights")
         r.add("update_blocks", TERMS["update_blocks"][0], "-")
         r.add("cuda_context", TERMS["cuda_context"][0], "-")
@@ -298,7 +311,7 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
     (:func:`esreason.backends.engine.shared_state_dir`) and the checkpoints kept."""
     params = parameter_count(architecture(cfg.model))
     w = _bytes(cfg.dtype)
-    masters = 4 * params / GIB if w == 2 and cfg.es.master_weights != "none" else 0.0
+    masters = es_masters_gib(cfg)
     ram, pinned, disk = Role("host RAM"), Role("pinned"), Role("disk")
     ram.add("trainer_weights", w * params / GIB, "dtype")
     if masters:
@@ -309,7 +322,7 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
     ram.add("processes", HOST_TERMS["process"][0], "-")
     if cfg.backend.type in ("ray", "vllm"):
         ram.add("engine_processes", engines * HOST_TERMS["vllm_engine_process"][0], "backend.engines")
-        if masters and masters * 1.2 + 1 > (1 - engine_fraction) * gpu_gib:
+        if masters and not masters_fit_on_gpu(masters, engine_fraction, gpu_gib):
             pinned.add("engine_masters", engines * masters, "es.master_weights, backend.engines")
             ram.add("engine_masters_pinned", engines * masters, "es.master_weights, backend.engines")
         disk.add("start_state", (w * params / GIB + masters), "- (once per node)")
@@ -339,7 +352,8 @@ def grpo_host(cfg: Any, procs: int, sharding: str, updates: int) -> dict[str, An
         ram.add("vllm_colocated", procs * HOST_TERMS["vllm_engine_process"][0], "grpo.use_vllm")
     save_dtype = str(cfg.checkpoint.save_dtype)
     if save_dtype == "base":  # the base model's own dtype (its config.json)
-        save_dtype = str(architecture(cfg.model).get("torch_dtype") or architecture(cfg.model).get("dtype") or "float32")
+        arch = architecture(cfg.model)
+        save_dtype = str(arch.get("torch_dtype") or arch.get("dtype") or "float32")
     ours = _checkpoints(cfg, updates)
     disk.add("checkpoints", ours * _bytes(save_dtype) * params / GIB, "checkpoint.every, checkpoint.keep_last")
     # TRL's RUN/trl/checkpoint-*: the weights and AdamW's two fp32 moments, the newest keep_trainer_states

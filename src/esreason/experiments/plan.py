@@ -153,7 +153,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         frac = ctx.const("engine_memory_fraction")
         # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
         # reservation with a 1 GiB + 20% margin, else in pinned host memory (docs/scale.md, "Centre copy").
-        on_gpu = masters * 1.2 + 1 <= (1 - frac) * ctx.gpu["memory_gib"]
+        on_gpu = memplan.masters_fit_on_gpu(masters, frac, ctx.gpu["memory_gib"])
         engine_gib = frac * ctx.gpu["memory_gib"] + (masters if on_gpu else 0.0)
         if masters and not on_gpu:
             ctx.notes.append(f"{name}: each engine keeps its {masters:.0f} GiB fp32 masters in pinned host memory "
