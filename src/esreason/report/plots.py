@@ -295,6 +295,7 @@ def plot_training(curves: Curves, style: Mapping[str, Style], path: Path, title:
         ax.set_title(head, fontsize=10)
         ax.set_xlabel("update")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.ticklabel_format(axis="y", useOffset=False)  # plain values: "1e-5+1.018e-1" offsets read badly
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     if title:
