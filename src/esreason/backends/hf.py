@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
+from esreason.backends import cpu_attention
 from esreason.errors import UserError
 from esreason.es.params import CentredParameters, unique_named_parameters
 
@@ -98,8 +99,15 @@ def resolve_dtype(spec: str, dtype: str) -> str:
     return model_dtype(spec) if dtype == "auto" else dtype
 
 
-def load_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any]:
-    """Load (model, tokenizer) from 'demo', a local HF directory or a hub id; model in eval mode."""
+def load_model(spec: str, dtype: str = "float32", device: str = "cpu",
+               run_device: str | None = None) -> tuple[Any, Any]:
+    """Load (model, tokenizer) from 'demo', a local HF directory or a hub id; model in eval mode.
+
+    run_device: where the model will run when that is not ``device`` (a GRPO process loads on the
+        CPU and accelerate moves the model to its GPU); it picks the attention implementation: a
+        model that runs on the CPU uses :mod:`esreason.backends.cpu_attention` (eager-style decode
+        steps, ``sdpa`` otherwise), one on a GPU keeps transformers' ``sdpa``.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -122,6 +130,7 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu") -> tuple[
     if not _loaded_on_meta(model):
         model.to(device)
     model.eval()
+    cpu_attention.use_on(model, run_device or device)
     return model, tokenizer
 
 

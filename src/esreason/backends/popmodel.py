@@ -34,7 +34,7 @@ from esreason.errors import UserError
 from esreason.es.params import unique_named_parameters
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-SUPPORTED_ATTENTION = ("sdpa", "eager")
+SUPPORTED_ATTENTION = ("sdpa", "eager", "esreason_cpu")  # the last: esreason.backends.cpu_attention
 # rope types whose inv_freq depends on the batch's positions (dynamic_rope_update): the
 # population batch would see different positions than a sequential batch.
 _DYNAMIC_ROPE = ("dynamic", "longrope")

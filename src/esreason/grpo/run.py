@@ -280,7 +280,8 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     # The starting model (and KL reference); on resume TRL loads the checkpoint's weights into it.
     # With a launcher each process loads on the CPU and transformers/accelerate place it (DDP: the
     # process's own GPU; FSDP: shards), so `device: cuda` never means cuda:0 for every process.
-    model, tokenizer = load_model(cfg.model, cfg.dtype, "cpu" if procs.distributed else cfg.device)
+    model, tokenizer = load_model(cfg.model, cfg.dtype, "cpu" if procs.distributed else cfg.device,
+                                  run_device=cfg.device)
     save_dtype = resolve_save_dtype(cfg.checkpoint.save_dtype, cfg.model)  # 'base': the base's own dtype
     barrier()  # every process has checked the run directory before the main process writes to it
     if procs.is_main:
