@@ -10,8 +10,10 @@ the working tree can change while the benchmark runs). One run each: the machine
 for a second reading.
 
 ``--what demo``: ``esreason demo --output DIR`` (the full demo: five methods, evaluation, report);
-reports wall time, the stage timings of ``experiment.json`` and whether the two verdict files
-agree apart from their "Took N s" line (the speed-up must not change the demo's findings).
+reports wall time, the stage timings of ``experiment.json`` and whether every evaluated response
+(method, task, problem, sample, greedy, text) is the same in both runs (a speed-up must not change
+the demo's evidence; the verdict files' wording differs between revisions, so the responses are
+compared, not the verdicts).
 ``--what suite``: ``python -m pytest -q`` in each tree (its own tests against its own sources and
 its own pytest options); reports wall time and the counts pytest printed.
 
@@ -61,9 +63,13 @@ def _demo(tree: Path, out: Path) -> dict:
     if proc.returncode:
         raise SystemExit(f"esreason demo failed in {tree} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     timings = json.loads((out / "experiment.json").read_text())["timings"]
-    verdicts = re.sub(r"Took \d+ s on this machine\.", "", (out / "verdicts.md").read_text())
+    responses = set()
+    for path in sorted((out / "eval").glob("*/*/responses.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            responses.add((path.parent.parent.name, r["task"], r["problem_id"], r["sample"], r["greedy"], r["text"]))
     return {"wall_s": round(wall, 1), "stages_s": timings, "stages_sum_s": round(sum(timings.values()), 1),
-            "verdicts": verdicts}
+            "responses": responses}
 
 
 def _suite(tree: Path) -> dict:
@@ -90,8 +96,8 @@ def main() -> None:
     if args.what == "demo":
         before = _demo(old, args.workdir / "demo-before")
         after = _demo(new, args.workdir / "demo-after")
-        same = before.pop("verdicts") == after.pop("verdicts")
-        extra = {"same_verdicts": same}
+        a, b = before.pop("responses"), after.pop("responses")
+        extra = {"responses": len(a), "same_responses": a == b}
     else:
         before, after = _suite(old), _suite(new)
         extra = {}

@@ -278,13 +278,14 @@ def test_tiny_model_end_to_end_is_reproducible(tmp_path, tiny_model_dir):
     assert entropy is not None and 0 < entropy < 5.0  # nats; the char vocabulary is ~100 tokens
     assert a.as_dict()["tasks"] == b.as_dict()["tasks"]
     assert json.loads((tmp_path / "a" / "manifest.json").read_text())["model"]["identity"].startswith("sha256:")
-    # The trainers' entry point, given the same sampler settings, reproduces the harness exactly.
+    # The trainers' entry point, given the same sampler settings (the harness prefills each prompt
+    # once for its samples: share_prefix), reproduces the harness exactly.
     from esreason.backends.hf import load_model
     from esreason.backends.sampling import Sampler
 
     model, tokenizer = load_model(str(tiny_model_dir))
     problems = [p for t in ("demo-add", "demo-countdown") for p in get_task(t).load("test", None, 3)]
-    flat = evaluate_problems(Sampler(model, tokenizer, batch_size=8), tokenizer, problems, samples=4,
+    flat = evaluate_problems(Sampler(model, tokenizer, batch_size=8, share_prefix=True), tokenizer, problems, samples=4,
                              temperature=0.6, max_new_tokens=12, ks=(1, 4), seed=0, greedy=True, rows_per_call=8)
     for name in a.names:
         for task in ("demo-add", "demo-countdown"):

@@ -77,7 +77,7 @@ def test_easy_plan_on_8_gpus_runs_every_generation_on_vllm(easy):
     assert plan["wall_hours"] == pytest.approx(sum(s["wall_hours"] for s in plan["stages"]), abs=0.05)
     for a in plan["assumptions"]:
         assert a["source"].split(":")[0] in ("published", "datasheet", "dataset", "derived", "assumption",
-                                             "assumption (ours)", "esreason default"), a
+                                             "assumption (ours)", "esreason default", "measured"), a
     keys = {a["key"] for a in plan["assumptions"]}
     assert {"throughput.h100.1.5b.vllm", "throughput.h100.1.5b.vllm64", "response_tokens.instruct"} <= keys
 
@@ -172,3 +172,57 @@ def test_seeds_multiply_every_trained_method_and_not_the_base(easy):
         assert names == [f"seed{seed}/{s['name']}" for s in trained]
     base_h = base[0]["gpu_hours"]
     assert three["total_gpu_hours"] == pytest.approx(base_h + 3 * (one["total_gpu_hours"] - base_h), abs=0.05)
+
+
+def test_every_stage_lists_its_time_terms_and_its_wall_time_is_their_sum(easy):
+    """Issue 24: the tail, entropy, start, checkpoint and checksum terms, per stage."""
+    plan = build_plan(easy, 8)
+    for s in plan["stages"]:
+        terms = s["terms_s"]
+        assert {"start", "decode", "tail"} <= set(terms), s["name"]
+        assert terms["tail"] > 0 and terms["start"] > 0, s["name"]
+        assert s["wall_hours"] * 3600 == pytest.approx(sum(terms.values()), abs=0.1 * len(terms) + 2)
+        if s["name"].startswith("eval/"):
+            assert terms["entropy"] > 0 and terms["mbpp"] > 0  # the Easy suites include MBPP
+        elif s["name"].endswith("_es") or s["name"] == "train/es":
+            assert terms["checksum"] > 0 and terms["checkpoint"] > 0 and terms["update"] > 0
+        else:
+            assert terms["train"] > 0 and terms["checkpoint"] > 0
+    text = __import__("esreason.experiments.plan", fromlist=["render"]).render(plan)
+    assert "time terms per stage (s)" in text and "tail" in text
+
+
+def test_entropy_pass_forwards_prompt_and_response():
+    """HotpotQA's long prompts cost the entropy pass several times a short-prompt task's."""
+    def entropy(task: str) -> float:
+        spec = load_spec(EXPERIMENTS / "easy.yaml", [f"eval.in_domain=[{task}]", f"eval.held_out=[{task}]", "report.pairs=[]",
+                                                             "eval.limit=1000"])
+        ev = next(s for s in build_plan(spec, 8)["stages"] if s["name"] == "eval/base")
+        return ev["terms_s"]["entropy"]
+
+    mean = tab.RESPONSE_TOKENS["instruct"].value
+    ratio = (tab.PROMPT_TOKENS["hotpotqa"].value + mean) / (tab.PROMPT_TOKENS["gsm8k"].value + mean)
+    assert entropy("hotpotqa") / entropy("gsm8k") == pytest.approx(ratio, rel=0.02)
+
+
+def test_expected_longest_matches_a_simulation():
+    """plan_table.expected_longest against 20,000 simulated batches per case (lognormal lengths)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for mean, cv, n, cap in ((250, 0.6, 1, 10_000), (250, 0.6, 64, 1024), (250, 0.6, 256, 10_000),
+                             (4000, 0.5, 8, 8192)):
+        s2 = np.log1p(cv * cv)
+        draws = rng.lognormal(np.log(mean) - s2 / 2, np.sqrt(s2), size=(20_000, n))
+        simulated = np.minimum(draws.max(axis=1), cap).mean()
+        assert tab.expected_longest(mean, cv, n, cap) == pytest.approx(simulated, rel=0.02), (mean, cv, n, cap)
+    assert tab.expected_longest(250, 0.6, 64, 1024) > 2 * 250  # the longest of 64 is far above the mean
+    assert tab.expected_longest(250, 0.6, 10_000, 512) == pytest.approx(512, rel=1e-3)  # capped
+
+
+def test_hf_only_charges_every_gpu_the_node_holds(easy):
+    slow = build_plan(hf_only(easy), 8)
+    ev = next(s for s in slow["stages"] if s["name"] == "eval/es")
+    assert ev["gpus"] == 1 and ev["gpus_held"] == 8
+    assert ev["gpu_hours"] == pytest.approx(8 * ev["wall_hours"], rel=0.01)
+    assert any("shard it yourself" in n for n in slow["notes"])

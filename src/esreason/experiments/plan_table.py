@@ -130,6 +130,88 @@ RESPONSE_TOKENS: dict[str, Assumption] = {
                              "setting caps them at 8,192 tokens); half the cap"),
 }
 
+#: Spread of response lengths by model family: coefficient of variation of a lognormal length
+#: distribution with the mean above (issue 24: the tail). Used for the expected longest response of a
+#: batch of n (a synchronous call waits for it), capped at the run's max_new_tokens.
+RESPONSE_CV: dict[str, Assumption] = {
+    "instruct": Assumption("response_cv.instruct", 0.6, "std / mean of response tokens",
+                           "assumption (ours): lognormal lengths; a 250-token mean with a 150-token standard "
+                           "deviation (GSM8K-style answers of Instruct models range from ~80 to ~800 tokens)"),
+    "r1-distill": Assumption("response_cv.r1-distill", 0.5, "std / mean of response tokens",
+                             "assumption (ours): lognormal lengths; long chains of thought, many reaching the cap"),
+}
+
+#: Prompt tokens per problem (chat template included), for forwards over prompt + response (the
+#: evaluation's entropy pass scores prompt + response; issue 24). Not measured by us: the paper's
+#: datasets are not on this machine.
+PROMPT_TOKENS: dict[str, Assumption] = {
+    task: Assumption(f"prompt_tokens.{task}", value, "tokens per prompt", f"assumption (ours): {why}")
+    for task, value, why in (
+        ("gsm8k", 150, "a ~60-word question + the template's instruction"),
+        ("csqa", 120, "a question, five choices and the instruction"),
+        ("hotpotqa", 1000, "the distractor setting's ten paragraphs (~70-100 words each) + the question"),
+        ("countdown", 120, "numbers, target and the instruction"),
+        ("gpqa", 350, "a graduate-level question with four long choices"),
+        ("mbpp", 200, "the description, three asserts and the instruction"),
+        ("aime24", 180, "one competition problem"), ("aime25", 180, "one competition problem"),
+        ("amc23", 160, "one competition problem"), ("math500", 150, "one MATH problem"),
+    )
+}
+DEFAULT_PROMPT_TOKENS = Assumption("prompt_tokens.default", 200, "tokens per prompt",
+                                   "assumption (ours): a task without its own figure")
+
+#: Fixed costs of a stage (issue 24): starting engines, writing and verifying checkpoints, checksums.
+OVERHEADS: dict[str, Assumption] = {
+    "engine_start_s": Assumption("engine_start_s", 90.0, "s per engine start (engines start in parallel)",
+                                 "assumption (ours): vLLM V1 start at 1.5B-7B on an H100 (weights from local "
+                                 "disk, torch.compile and CUDA-graph capture), typically 1-2 minutes"),
+    "trainer_start_s": Assumption("trainer_start_s", 60.0, "s per training stage",
+                                  "assumption (ours): process start, imports, loading the policy (and reference) "
+                                  "and, under accelerate, the process group"),
+    "disk_bytes_per_s": Assumption("disk_bytes_per_s", 1.0e9, "bytes/s written or read",
+                                   "assumption (ours): a node-local NVMe under a safetensors write"),
+    "hash_bytes_per_s": Assumption("hash_bytes_per_s", 0.9e9, "bytes/s hashed per engine",
+                                   "measured: benchmarks/checksum.py on this project's 2-core CPU machine (not a GPU "
+                                   "node), blake2b per tensor on 8 threads, 1.1 GB in 1.24 s; every engine hashes "
+                                   "its own weights at once"),
+    "mbpp_exec_s": Assumption("mbpp_exec_s", 0.15, "s per MBPP response, on one core",
+                              "assumption (ours): one sandboxed interpreter start (~50 ms) + three asserts with "
+                              "their time limits rarely reached"),
+    "verify_workers": Assumption("verify_workers", 16.0, "parallel sandboxed verifiers",
+                                 "assumption (ours): a DGX node's cores beside the engines"),
+}
+
+
+def response_cv(model: str) -> Assumption:
+    return RESPONSE_CV["r1-distill" if "r1-distill" in model.lower() else "instruct"]
+
+
+def prompt_tokens(task: str) -> Assumption:
+    return PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS)
+
+
+def expected_longest(mean: float, cv: float, n: int, cap: float) -> float:
+    """E[min(cap, max of n lengths)] for lognormal lengths of mean ``mean`` and std ``cv * mean``.
+
+    E[min(cap, M)] = integral over [0, cap] of P(M > x) dx, with P(M > x) = 1 - F(x)^n; a midpoint
+    rule on 4,000 steps (error far below the plan's other uncertainties). n = 1 gives the capped mean.
+    """
+    import math
+
+    if n < 1 or mean <= 0 or cap <= 0:
+        return 0.0
+    s2 = math.log(1.0 + cv * cv)
+    mu, s = math.log(mean) - s2 / 2, math.sqrt(s2)
+    steps = 4000
+    dx = cap / steps
+    total = 0.0
+    for i in range(steps):
+        x = (i + 0.5) * dx
+        cdf = 0.5 * (1.0 + math.erf((math.log(x) - mu) / (s * math.sqrt(2.0))))
+        total += 1.0 - cdf ** n
+    return total * dx
+
+
 #: Problems in the evaluated split of each paper task (eval uses every problem unless eval.limit).
 TEST_SIZES: dict[str, tuple[int, str]] = {
     "gsm8k": (1319, "dataset: openai/gsm8k test split"),
@@ -176,5 +258,6 @@ def test_size(task: str) -> tuple[int, str]:
     return TEST_SIZES[task]
 
 
-__all__ = ["Assumption", "CONSTANTS", "GPUS", "RESPONSE_TOKENS", "TEST_SIZES", "THROUGHPUT", "gpu_spec",
+__all__ = ["Assumption", "CONSTANTS", "GPUS", "OVERHEADS", "PROMPT_TOKENS", "RESPONSE_CV", "RESPONSE_TOKENS",
+           "TEST_SIZES", "THROUGHPUT", "expected_longest", "gpu_spec", "prompt_tokens", "response_cv",
            "response_tokens", "size_class", "test_size", "throughput"]
