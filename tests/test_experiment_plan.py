@@ -226,3 +226,52 @@ def test_hf_only_charges_every_gpu_the_node_holds(easy):
     assert ev["gpus"] == 1 and ev["gpus_held"] == 8
     assert ev["gpu_hours"] == pytest.approx(8 * ev["wall_hours"], rel=0.01)
     assert any("shard it yourself" in n for n in slow["notes"])
+
+
+def _write_responses(path: Path, lengths, greedy_lengths=()) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    rows = [{"problem_id": f"p{i}", "sample": 0, "greedy": False, "num_tokens": n} for i, n in enumerate(lengths)]
+    rows += [{"problem_id": f"g{i}", "sample": -1, "greedy": True, "num_tokens": n} for i, n in enumerate(greedy_lengths)]
+    (path / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_measured_lengths_replace_the_assumed_distribution(tmp_path, easy):
+    """Issue 24: the tail from a run's own records (order statistics of its sampled lengths)."""
+    import numpy as np
+
+    from esreason.experiments.lengths import read_lengths
+
+    rng = np.random.default_rng(1)
+    lengths = [int(x) for x in rng.integers(20, 600, size=3000)]
+    _write_responses(tmp_path / "eval" / "es" / "gsm8k", lengths[:2000], greedy_lengths=[5000] * 50)
+    _write_responses(tmp_path / "eval" / "base" / "gsm8k", lengths[2000:])
+    measured = read_lengths(tmp_path)
+    assert len(measured.lengths) == 3000  # greedy rows left out
+    assert measured.mean(10_000) == pytest.approx(np.mean(lengths))
+    draws = np.array(lengths)[rng.integers(0, 3000, size=(20_000, 64))].max(axis=1)
+    assert measured.longest(64, 10_000) == pytest.approx(draws.mean(), rel=0.01)
+    assert measured.longest(64, 300) == pytest.approx(np.minimum(draws, 300).mean(), rel=0.01)
+
+    plan = build_plan(easy, 8, lengths=measured)
+    by = {s["name"]: s for s in plan["stages"]}
+    assert by["eval/es"]["tokens"] == round(EASY_PROBLEMS * 33 * np.mean(lengths))
+    keys = {a["key"]: a for a in plan["assumptions"]}
+    assert "response_tokens.measured" in keys and keys["response_tokens.measured"]["source"].startswith("measured:")
+    assert "response_cv.instruct" not in keys  # the tail came from the records, not the lognormal
+    default = {s["name"]: s for s in build_plan(easy, 8)["stages"]}
+    assert by["train/es"]["terms_s"]["tail"] != default["train/es"]["terms_s"]["tail"]
+
+
+def test_bad_lengths_input_is_one_clear_error(tmp_path):
+    from esreason.experiments.lengths import read_lengths
+
+    with pytest.raises(UserError, match="is not a directory"):
+        read_lengths(tmp_path / "missing")
+    with pytest.raises(UserError, match="no sampled responses"):
+        read_lengths(tmp_path)
+    (tmp_path / "responses.jsonl").write_text('{"num_tokens": 3}\nnot json\n')
+    with pytest.raises(UserError, match=r"responses.jsonl row 2: not a response record"):
+        read_lengths(tmp_path)
+    (tmp_path / "responses.jsonl").write_text('{"num_tokens": -1}\n')
+    with pytest.raises(UserError, match=r"row 1: num_tokens must be an integer >= 0, got -1"):
+        read_lengths(tmp_path)

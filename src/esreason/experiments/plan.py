@@ -15,7 +15,8 @@ wall time is the sum of named terms (``stages[].terms_s``; issue 24), modelled o
   process's share of a rollout batch and an evaluation call (``eval.batch_size // samples``
   problems x samples rows per engine, then a greedy call of the same problems) each take
   ``E[longest of n]`` decode steps (lognormal lengths with the family's mean and spread, capped at
-  ``max_new_tokens``; ``plan_table.expected_longest``) of at least one memory-bound step each
+  ``max_new_tokens``; ``plan_table.expected_longest``; with ``--lengths DIR`` the lengths a run
+  recorded, :mod:`esreason.experiments.lengths`) of at least one memory-bound step each
   (64 / the ``vllm64`` rate); the tail is that minus the mean-length share charged as decode.
 - **entropy**: the evaluation's teacher-forced entropy pass forwards prompt + response of every
   sampled row (2 P FLOPs per token at the training MFU); prompt lengths per task in the table.
@@ -95,8 +96,10 @@ class Stage:
 class _Ctx:
     """The inputs every stage reads, and the assumptions it used (recorded once each)."""
 
-    def __init__(self, spec: ExperimentSpec, gpus: int, gpu: str) -> None:
+    def __init__(self, spec: ExperimentSpec, gpus: int, gpu: str, lengths: Any = None) -> None:
         from esreason.experiments.flops import count_parameters
+
+        self.lengths = lengths  # esreason.experiments.lengths.MeasuredLengths or None (the table's lognormal)
 
         if gpus < 1:
             raise UserError(f"--gpus: expected an integer >= 1 (got {gpus})")
@@ -119,6 +122,10 @@ class _Ctx:
         return self.note(tab.CONSTANTS[name])
 
     def length(self, max_new_tokens: int) -> float:
+        if self.lengths is not None:
+            self.note(tab.Assumption("response_tokens.measured", round(self.lengths.mean(float("inf")), 1),
+                                     "tokens per response (mean, before each stage's cap)", self.lengths.source))
+            return self.lengths.mean(float(max_new_tokens))
         return min(float(max_new_tokens), self.note(tab.response_tokens(self.spec.model)))
 
     def over(self, name: str) -> float:
@@ -130,7 +137,10 @@ class _Ctx:
         return 64.0 / self.rate("vllm64")
 
     def longest(self, n: int, max_new_tokens: int) -> float:
-        """Expected longest of n responses (plan_table.expected_longest), capped at max_new_tokens."""
+        """Expected longest of n responses (plan_table.expected_longest, or the measured lengths'
+        order statistics), capped at max_new_tokens."""
+        if self.lengths is not None:
+            return self.lengths.longest(n, float(max_new_tokens))
         mean = self.note(tab.response_tokens(self.spec.model))
         cv = self.note(tab.response_cv(self.spec.model))
         return tab.expected_longest(mean, cv, n, float(max_new_tokens))
@@ -380,11 +390,11 @@ def memory_verdicts(stage: Stage, gpu_type: str) -> dict[str, Any]:
     return out
 
 
-def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100") -> dict[str, Any]:
+def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any = None) -> dict[str, Any]:
     """The plan as one JSON-able object: stages, total_gpu_hours, wall_hours, assumptions (+ context)."""
     from esreason.experiments.sequence import split_budget
 
-    ctx = _Ctx(spec, gpus, gpu)
+    ctx = _Ctx(spec, gpus, gpu, lengths)
     stages: list[Stage] = []
     for m in spec.methods:
         kinds = TRAINED.get(m.kind, ())
@@ -442,7 +452,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     spec = load_spec(args.file, args.set or [])
     if args.hf_only:
         spec = hf_only(spec)
-    plan = build_plan(spec, args.gpus, args.gpu_type)
+    lengths = None
+    if args.lengths:
+        from esreason.experiments.lengths import read_lengths
+
+        lengths = read_lengths(args.lengths)
+    plan = build_plan(spec, args.gpus, args.gpu_type, lengths)
     print(json.dumps(plan, indent=2) if args.json else render(plan))
     return 0
 
@@ -457,6 +472,8 @@ def register(actions: Any) -> argparse.ArgumentParser:
     p.add_argument("--hf-only", action="store_true",
                    help="project the same experiment with every generation on the HF sampler")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, as `experiment run --set`")
+    p.add_argument("--lengths", metavar="DIR", help="plan decode and tails with the response lengths recorded under "
+                                                    "DIR (an eval or experiment directory) instead of the table's")
     p.set_defaults(func=_cmd_plan)
     return p
 
