@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,7 +327,8 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
         if p.engines > ctx.gpus:
             ctx.notes.append(f"{name}: eval.engines={p.engines} but only {ctx.gpus} GPUs; planned with {engines}")
         per_call = max(1, p.batch_size // p.samples)  # problems per call and engine
-        calls = -(-(-(-problems // engines)) // per_call)  # per engine
+        per_engine = math.ceil(problems / engines)
+        calls = math.ceil(per_engine / per_call)  # generate calls of one engine
         tail = calls * ctx.batch_tail(per_call * p.samples, p.max_new_tokens)
         if p.greedy:
             tail += calls * ctx.batch_tail(per_call, p.max_new_tokens)
