@@ -378,6 +378,39 @@ def test_shutdown_destroys_the_process_group_and_is_a_no_op_without_one(tmp_path
     assert not dist.is_initialized()
 
 
+def test_shutdown_frees_a_ddp_module_held_in_a_reference_cycle(tmp_path):
+    """The trainer holding the DDP module sits in a reference cycle after ``run_grpo`` returns; the
+    shutdown collects it while the interpreter is alive, so gloo's group is not destroyed during
+    finalisation (where it aborted rank 1 in CI). Fails without the ``gc.collect()``."""
+    import gc
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+
+    from esreason.grpo.distributed import shutdown_process_group
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    gc.disable()  # the test decides when cycles are collected
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+
+        class Holder:  # a trainer-like object in a cycle with its callback
+            pass
+
+        holder = Holder()
+        holder.model, holder.callback = ddp, (lambda: holder)
+        alive = weakref.ref(ddp)
+        del ddp, holder
+        assert alive() is not None  # only the cyclic collector can free it
+        shutdown_process_group()
+        assert alive() is None and not dist.is_initialized()
+    finally:
+        gc.enable()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_train_grpo_command_shuts_the_process_group_down_even_when_the_run_fails(monkeypatch):
     """Every launched process ends with destroy_process_group (gloo aborted at exit without it)."""
     import argparse

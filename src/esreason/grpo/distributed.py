@@ -93,15 +93,28 @@ def shutdown_process_group(vllm_colocated: bool = False) -> None:
     once in CI with 2 CPU processes. torch documents the call as every trainer process's last
     step (pytorch/pytorch#122358); for NCCL it also avoids the leaked-communicator warning.
 
+    Destroying the group is not enough by itself: DDP's reducer holds a reference to it, and the
+    trainer that holds the DDP module sits in a reference cycle (trainer -> callbacks -> our
+    checkpoint closure -> trainer), so after ``run_grpo`` returns the gloo group stayed alive
+    until the cyclic garbage collector ran -- possibly during interpreter finalisation, where
+    gloo's destructor aborted the process (seen a second time in CI, rank 1, after the fix
+    above). Measured in a 2-process run: one DDP module alive after ``run_grpo`` returned, none
+    after ``gc.collect()``. So the cycles are collected first, while the interpreter is alive,
+    and the group's last reference goes with ``destroy_process_group``.
+
     vllm_colocated: the process runs a vLLM engine (TRL's colocate mode). That engine owns
     subgroups of the default group and destroys them and the default group in its own exit
     handler (``vllm.distributed.parallel_state.cleanup_dist_env_and_memory``); destroying the
     default group first makes that handler fail, so nothing is done here.
     """
+    import gc
+
     import torch.distributed as dist
 
     if not vllm_colocated and dist.is_available() and dist.is_initialized():
+        gc.collect()  # DDP modules in reference cycles release the group now, not at finalisation
         dist.destroy_process_group()
+        gc.collect()
 
 
 def full_state_dict(accelerator: Any, model: Any) -> dict[str, Any]:
