@@ -395,11 +395,13 @@ def test_shutdown_frees_a_ddp_module_held_in_a_reference_cycle(tmp_path):
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
 
-        class Holder:  # a trainer-like object in a cycle with its callback
-            pass
+        class Holder:  # a trainer-like object in a cycle with its callbacks
+            def save(self):
+                return self.model
 
         holder = Holder()
-        holder.model, holder.callback = ddp, (lambda: holder)
+        holder.model = ddp
+        holder.callbacks = [holder.save]  # the bound method refers back to the holder: a cycle
         alive = weakref.ref(ddp)
         del ddp, holder
         assert alive() is not None  # only the cyclic collector can free it
