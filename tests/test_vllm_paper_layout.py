@@ -65,13 +65,16 @@ METHODS = ("base", "grpo", "es")
 TASKS = ("demo-add", "demo-sub")
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_CPU_KVCACHE_SPACE": "1", "ESREASON_GPUS": "2",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1"}
+
+
 def _experiment(out: Path, extra: list[str]) -> Path:
     cmd = [_python(), "-m", "esreason.cli", "experiment", "run", str(SPEC), "--output", str(out), "--no-progress"]
     for item in (*SIZES, *extra):
         cmd += ["--set", item]
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_CPU_KVCACHE_SPACE": "1", "ESREASON_GPUS": "2",
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=2400)
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return out
 
@@ -156,3 +159,35 @@ def test_grpo_on_colocated_vllm_engines_is_close_to_hf_generate(runs):
     assert len(a) == len(b) == 2
     assert all(abs(x - y) <= 0.3 for x, y in zip(a, b)), (a, b)
     print("LAYOUT " + json.dumps({"grpo_rollout_rewards": {"vllm": a, "hf": b}}))
+
+
+def test_a_calibrated_plan_predicts_the_twin_stage_by_stage(runs):
+    """Issue 24: ``esreason experiment plan --calibrate --json`` on the twin itself (vLLM engines in a
+    Ray pool, 2 accelerate processes with colocated engines, 2 evaluation engines; 3 updates per
+    trained kind) against the fixture's twin run (2 updates, a checkpoint after each).
+
+    Tolerance: every stage within [0.67, 1.5] of its plan and the total within [0.8, 1.25]. The vLLM
+    tests run one at a time (``-n 0``), so the machine is as idle as for the full demo's check
+    (benchmarks/plan_vs_run.py: 0.95-1.09 per stage, 1.05 in total on this twin at 6 updates), but
+    engine start is most of every stage here (47-56 s of 50-65 s, measured) and varies with what the
+    host is doing; the margin is for that. stdout must be the JSON plan alone although vLLM and Ray
+    log (they are sent to stderr)."""
+    from esreason.report.timing import planned_seconds
+
+    twin, _ = runs
+    cmd = [_python(), "-m", "esreason.cli", "experiment", "plan", str(SPEC), "--calibrate", "--json"]
+    for item in (*SIZES, *TWIN):
+        cmd += ["--set", item]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=2400)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    plan = json.loads(proc.stdout)
+    planned = planned_seconds(plan)
+    actual = _json(twin / "experiment.json")["timings"]
+    ratios = {k: actual[k] / planned[k] for k in planned if k in actual}
+    print("TWIN " + json.dumps({"planned": planned, "actual": actual, "ratios": ratios}), flush=True)
+    assert set(ratios) == {"eval/base", "train/grpo", "eval/grpo", "train/es", "eval/es", "report"}
+    for stage, ratio in ratios.items():
+        if stage != "report":  # about 1.5 s, measured to 0.1 s: its ratio is rounding
+            assert 0.67 <= ratio <= 1.5, (stage, ratio)
+    total = sum(actual[k] for k in ratios) / sum(planned[k] for k in ratios)
+    assert 0.8 <= total <= 1.25, total

@@ -452,6 +452,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from esreason.experiments.spec import load_spec
 
     spec = load_spec(args.file, args.set or [])
+    if args.calibrate:  # this machine's constants, measured by a short run (experiments.calibrate)
+        from esreason.experiments.calibrate import calibrate_and_print
+
+        calibrate_and_print(spec, args.json)
+        return 0
+    if args.gpus is None:
+        raise UserError("--gpus: required (the node's GPUs), unless --calibrate plans this machine")
     if args.hf_only:
         spec = hf_only(spec)
     lengths = None
@@ -468,7 +475,9 @@ def register(actions: Any) -> argparse.ArgumentParser:
     p = actions.add_parser("plan", help="what each stage of `experiment run` runs where, its tokens, wall time, "
                                         "GPU-hours and memory per GPU (nothing is run)")
     p.add_argument("file", help="experiment YAML (e.g. configs/experiments/easy.yaml)")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs of the node")
+    p.add_argument("--gpus", type=int, help="GPUs of the node (required without --calibrate)")
+    p.add_argument("--calibrate", action="store_true", help="measure this machine's constants in a short run of "
+                   "the experiment on this machine (its own backends: HF, vLLM, Ray, accelerate) and plan it with them")
     p.add_argument("--gpu-type", default="h100", choices=sorted(tab.GPUS), help="GPU type (default: h100)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.add_argument("--hf-only", action="store_true",

