@@ -161,3 +161,14 @@ def test_calibrated_plan_predicts_a_longer_run_as_a_user_runs_it(tmp_path, capfd
         assert 0.5 <= ratio <= 2.0, (stage, ratio, rows)
     assert 0.67 <= totals["actual_s"] / totals["planned_s"] <= 1.5, totals
     assert "Planned vs actual time" in (exp / "report" / "report.md").read_text()
+
+
+def test_checkpoint_term_copies_and_hashes_every_file_and_cleans_up(tmp_path):
+    a, b = tmp_path / "step_3", tmp_path / "trl" / "checkpoint-3"
+    for d, n in ((a, 3), (b, 2)):
+        d.mkdir(parents=True)
+        for i in range(n):
+            (d / f"x{i}.bin").write_bytes(bytes(range(256)) * 1000)
+    work = tmp_path / "work"
+    seconds = cal._checkpoint_seconds([a, b], work)
+    assert seconds > 0 and not (work / "checkpoint-copy").exists()
