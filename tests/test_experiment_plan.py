@@ -193,7 +193,8 @@ def test_every_stage_lists_its_time_terms_and_its_wall_time_is_their_sum(easy):
 
 
 def test_entropy_pass_forwards_prompt_and_response():
-    """HotpotQA's long prompts cost the entropy pass several times a short-prompt task's."""
+    """HotpotQA's long prompts cost the entropy pass more than a short-prompt task's: each prompt is
+    forwarded once for its samples (the scorer's shared prompts), every response token once."""
     def entropy(task: str) -> float:
         spec = load_spec(EXPERIMENTS / "easy.yaml", [f"eval.in_domain=[{task}]", f"eval.held_out=[{task}]", "report.pairs=[]",
                                                              "eval.limit=1000"])
@@ -201,7 +202,9 @@ def test_entropy_pass_forwards_prompt_and_response():
         return ev["terms_s"]["entropy"]
 
     mean = tab.RESPONSE_TOKENS["instruct"].value
-    ratio = (tab.PROMPT_TOKENS["hotpotqa"].value + mean) / (tab.PROMPT_TOKENS["gsm8k"].value + mean)
+    samples = load_spec(EXPERIMENTS / "easy.yaml", []).eval.samples
+    ratio = ((tab.PROMPT_TOKENS["hotpotqa"].value + samples * mean) /
+             (tab.PROMPT_TOKENS["gsm8k"].value + samples * mean))
     assert entropy("hotpotqa") / entropy("gsm8k") == pytest.approx(ratio, rel=0.02)
 
 

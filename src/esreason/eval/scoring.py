@@ -19,6 +19,14 @@ of a prefill + incremental decode against one full forward).
 Memory: logits are computed for ``slice_tokens`` positions at a time from the final
 hidden states, so a 2,048-token response at a 152k vocabulary never materialises its
 [L, V] logits at once.
+
+Shared prompts (issue 24, item 4): an evaluation scores ``samples`` responses per problem, all
+behind the same prompt. Rows with the same prompt are scored as a group: the prompt is forwarded
+once (one row; its last hidden state gives every row's first-token entropy), its KV cache is
+copied to the group's rows, and only the responses are forwarded against it. On HotpotQA's
+~1,000-token prompts with 32 samples of ~250 tokens that is 1,000 + 32 x 250 instead of
+32 x 1,250 scored positions (4.4x fewer). Same numbers up to float32 summation order (a prefill +
+continuation, as the sampler itself computes them).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any, Sequence
 import torch
 
 from esreason.backends import topp
+from esreason.backends.kvcache import cache_keyword
 
 #: Positions whose logits are formed at once (per row) from the final hidden states.
 SLICE_TOKENS = 256
@@ -60,6 +69,8 @@ class EntropyScorer:
         self.slice_tokens = max(1, int(slice_tokens))
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.device = next(model.parameters()).device
+        self._cache_kw = cache_keyword(self.body)  # "past_key_values" (transformers <= 5.23) or "cache"
+        self.shared_forwards = 0  # prompt forwards of shared-prompt groups (a test reads it)
 
     def entropy_sums(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
                      temperature: float) -> list[float]:
@@ -71,12 +82,28 @@ class EntropyScorer:
             raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
         t = 1.0 if temperature == 0 else float(temperature)
         out = [0.0] * len(prompt_ids)
-        order = sorted((i for i in range(len(prompt_ids)) if response_ids[i]),
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i in range(len(prompt_ids)):
+            if response_ids[i]:
+                groups.setdefault(tuple(prompt_ids[i]), []).append(i)
+        shared = [rows for rows in groups.values() if len(rows) > 1]
+        order = sorted((rows[0] for rows in groups.values() if len(rows) == 1),
                        key=lambda i: -(len(prompt_ids[i]) + len(response_ids[i])))
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
+                for rows in shared:
+                    rows = sorted(rows, key=lambda i: -len(response_ids[i]))
+                    plen = len(prompt_ids[rows[0]])
+                    start = 0
+                    while start < len(rows):
+                        per = max(1, self.tokens_per_forward // (plen + len(response_ids[rows[start]])))
+                        batch = rows[start:start + per]
+                        for i, value in zip(batch, self._score_shared(prompt_ids[rows[0]],
+                                                                      [response_ids[i] for i in batch], t)):
+                            out[i] = value
+                        start += per
                 start = 0
                 while start < len(order):
                     width = len(prompt_ids[order[start]]) + len(response_ids[order[start]])
@@ -90,6 +117,41 @@ class EntropyScorer:
             self.model.train(was_training)
         return out
 
+    def _entropy(self, hidden: torch.Tensor, t: float) -> torch.Tensor:
+        """Sum of per-position entropies of hidden [L, H], ``slice_tokens`` positions at a time (float64 scalar)."""
+        total = torch.zeros((), dtype=torch.float64, device=hidden.device)
+        for s in range(0, hidden.shape[0], self.slice_tokens):
+            logits = self.head(hidden[s:s + self.slice_tokens])  # [S, V]
+            if self.softcap:
+                logits = torch.tanh(logits.float() / self.softcap) * self.softcap
+            total += topp.entropy(topp.scaled_log_probs(logits, t)).double().sum()
+        return total
+
+    def _score_shared(self, prompt: Sequence[int], responses: list[Sequence[int]], t: float) -> list[float]:
+        """Rows behind one prompt: the prompt forwarded once, its cache copied to every row, then the
+        responses (all but their last token, right-padded) forwarded against it."""
+        dev, kw = self.device, self._cache_kw
+        plen, g = len(prompt), len(responses)
+        out = self.body(input_ids=torch.tensor([list(prompt)], dtype=torch.long, device=dev), use_cache=True,
+                        **{kw: None})
+        self.shared_forwards += 1
+        first = float(self._entropy(out.last_hidden_state[0, -1:], t))  # response token 1, every row
+        width = max(len(r) for r in responses) - 1  # positions fed after the prompt
+        if width == 0:
+            return [first] * g
+        cache = getattr(out, kw)
+        cache.reorder_cache(torch.zeros(g, dtype=torch.long, device=dev))  # [1, ...] -> [G, ...]
+        ids = torch.zeros((g, width), dtype=torch.long)  # [G, W] right-padded responses minus their last token
+        mask = torch.zeros((g, plen + width), dtype=torch.long)  # [G, P + W]
+        mask[:, :plen] = 1
+        for j, r in enumerate(responses):
+            ids[j, :len(r) - 1] = torch.tensor(list(r[:-1]), dtype=torch.long)
+            mask[j, plen:plen + len(r) - 1] = 1
+        pos = (plen + torch.arange(width)).unsqueeze(0).expand(g, -1)  # [G, W]
+        hidden = self.body(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                           use_cache=True, **{kw: cache}).last_hidden_state  # [G, W, H]
+        return [first + float(self._entropy(hidden[j, :len(r) - 1], t)) for j, r in enumerate(responses)]
+
     def _score_batch(self, prompts: list[Sequence[int]], responses: list[Sequence[int]], t: float) -> list[float]:
         """One right-padded forward over prompt + response rows; entropy sums per row."""
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
@@ -102,14 +164,6 @@ class EntropyScorer:
         pos = torch.arange(width).unsqueeze(0).expand(len(prompts), -1)  # [B, W] (right padding)
         hidden = self.body(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                            position_ids=pos.to(self.device)).last_hidden_state  # [B, W, H]
-        sums = []
-        for j, (p, r) in enumerate(zip(prompts, responses)):
-            first, last = len(p) - 1, len(p) + len(r) - 1  # logits at [first, last) choose response tokens
-            total = torch.zeros((), dtype=torch.float64, device=hidden.device)
-            for s in range(first, last, self.slice_tokens):
-                logits = self.head(hidden[j, s:min(last, s + self.slice_tokens)])  # [S, V]
-                if self.softcap:
-                    logits = torch.tanh(logits.float() / self.softcap) * self.softcap
-                total += topp.entropy(topp.scaled_log_probs(logits, t)).double().sum()
-            sums.append(float(total))
-        return sums
+        # logits at positions [len(p) - 1, len(p) + len(r) - 1) choose the response tokens
+        return [float(self._entropy(hidden[j, len(p) - 1:len(p) + len(r) - 1], t))
+                for j, (p, r) in enumerate(zip(prompts, responses))]

@@ -18,8 +18,9 @@ wall time is the sum of named terms (``stages[].terms_s``; issue 24), modelled o
   ``max_new_tokens``; ``plan_table.expected_longest``; with ``--lengths DIR`` the lengths a run
   recorded, :mod:`esreason.experiments.lengths`) of at least one memory-bound step each
   (64 / the ``vllm64`` rate); the tail is that minus the mean-length share charged as decode.
-- **entropy**: the evaluation's teacher-forced entropy pass forwards prompt + response of every
-  sampled row (2 P FLOPs per token at the training MFU); prompt lengths per task in the table.
+- **entropy**: the evaluation's teacher-forced entropy pass forwards each problem's prompt once and
+  every sampled response against it (eval.scoring, shared prompts; 2 P FLOPs per token at the
+  training MFU); prompt lengths per task in the table.
 - **update** (ES, paper Alg. 1): perturb/restore every member and apply the update, in HBM bytes
   per parameter of benchmarks/noise.py's cost model (replicated sums all N directions, sharded
   N/E plus an int64 all-reduce). **train** (GRPO): 8 P L FLOPs per sequence (policy forward +
@@ -333,8 +334,8 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
         if p.greedy:
             tail += calls * ctx.batch_tail(per_call, p.max_new_tokens)
         mean = ctx.length(p.max_new_tokens)
-        scored = sum(_problems(ctx, [t], p.limit) * p.samples * (ctx.note(tab.prompt_tokens(t)) + mean)
-                     for t in p.tasks)  # prompt + response tokens the entropy pass forwards
+        scored = sum(_problems(ctx, [t], p.limit) * (ctx.note(tab.prompt_tokens(t)) + p.samples * mean)
+                     for t in p.tasks)  # each prompt once for its samples (shared), every response token
         terms = {"start": ctx.over("engine_start_s"), "decode": tokens / ctx.rate("vllm") / engines, "tail": tail,
                  "entropy": 2 * ctx.params * scored / (ctx.gpu["bf16_flops"] * ctx.const("train_mfu")) / engines,
                  "mbpp": _mbpp_s(ctx, per_problem)}
