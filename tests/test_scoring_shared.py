@@ -39,6 +39,9 @@ def test_shared_prompts_equal_scoring_each_row_alone(demo, tokens_per_forward):
     with torch.inference_mode():  # every row by itself: one full forward of its prompt + response
         want = [alone._score_batch([p], [r], 0.7)[0] if r else 0.0 for p, r in zip(prompts, responses)]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # float32 summation order only
+    unshared = EntropyScorer(model, tokens_per_forward=tokens_per_forward, slice_tokens=5, share_prompts=False)
+    np.testing.assert_allclose(unshared.entropy_sums(prompts, responses, 0.7), want, rtol=1e-5, atol=1e-6)
+    assert unshared.shared_forwards == 0
     assert got[3] == 0.0 and got[2] > 0  # an empty response scores 0; a one-token response its first step
     # three groups share a prompt; a small budget splits them into more prompt forwards
     assert scorer.shared_forwards == 3 if tokens_per_forward == 16384 else scorer.shared_forwards > 3

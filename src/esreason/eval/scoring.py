@@ -59,14 +59,17 @@ class EntropyScorer:
     model: the same weights that sampled the responses (any device / dtype; the logits
         are promoted to float32 before the softmax, as in the sampler).
     tokens_per_forward: padded prompt + response tokens per forward (memory knob).
+    share_prompts: score rows behind the same prompt as a group (the prompt forwarded once);
+        False forwards every row's prompt + response (benchmarks/entropy_scoring.py compares).
     """
 
     def __init__(self, model: Any, *, tokens_per_forward: int = TOKENS_PER_FORWARD,
-                 slice_tokens: int = SLICE_TOKENS) -> None:
+                 slice_tokens: int = SLICE_TOKENS, share_prompts: bool = True) -> None:
         self.model = model
         self.body, self.head = _decoder_and_head(model)
         self.tokens_per_forward = max(1, int(tokens_per_forward))
         self.slice_tokens = max(1, int(slice_tokens))
+        self.share_prompts = share_prompts
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.device = next(model.parameters()).device
         self._cache_kw = cache_keyword(self.body)  # "past_key_values" (transformers <= 5.23) or "cache"
@@ -82,10 +85,10 @@ class EntropyScorer:
             raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
         t = 1.0 if temperature == 0 else float(temperature)
         out = [0.0] * len(prompt_ids)
-        groups: dict[tuple[int, ...], list[int]] = {}
+        groups: dict[Any, list[int]] = {}
         for i in range(len(prompt_ids)):
             if response_ids[i]:
-                groups.setdefault(tuple(prompt_ids[i]), []).append(i)
+                groups.setdefault(tuple(prompt_ids[i]) if self.share_prompts else i, []).append(i)
         shared = [rows for rows in groups.values() if len(rows) > 1]
         order = sorted((rows[0] for rows in groups.values() if len(rows) == 1),
                        key=lambda i: -(len(prompt_ids[i]) + len(response_ids[i])))
