@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from esreason.errors import UserError
-from esreason.experiments.spec import TRAINED, ExperimentSpec, MethodSpec
+from esreason.experiments.spec import ExperimentSpec, MethodSpec, run_stages
 
 #: Updates of each trained kind in the calibration run (the first is its warm-up; >= 2 measured).
 CAL_UPDATES = 3
@@ -312,24 +312,18 @@ def calibrated_plan(spec: ExperimentSpec, cal: Calibration) -> dict[str, Any]:
     """The plan of ``spec`` on this machine, priced with ``cal``: the same stage names as the table
     plan (``train/<m>``, ``train/<m>/stage<i>_<kind>``, ``eval/<m>``, with ``seed<s>/`` prefixes)
     plus one ``report`` stage; each stage's ``terms_s`` and ``wall_s``."""
-    from esreason.experiments.sequence import split_budget
-
     stages: list[dict[str, Any]] = []
 
     def add(name: str, terms: dict[str, float]) -> None:
         stages.append({"name": name, "terms_s": {k: round(v, 2) for k, v in terms.items()},
                        "wall_s": round(sum(terms.values()), 1)})
 
-    for m in spec.methods:
-        kinds = TRAINED.get(m.kind, ())
-        budgets = (spec.updates,) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
-        prefixes = [f"seed{s}/" for s in spec.seeds] if (spec.seeds and kinds) else [""]
-        for prefix in prefixes:
-            for i, (kind, updates) in enumerate(zip(kinds, budgets), start=1):
-                name = f"{prefix}train/{m.name}" if len(kinds) == 1 else f"{prefix}train/{m.name}/stage{i}_{kind}"
-                rates, cfg = (cal.es, spec.es) if kind == "es" else (cal.grpo, spec.grpo)
-                add(name, _train_terms(rates, cfg, kind, updates))
-            add(f"{prefix}eval/{m.name}", _eval_terms(cal, spec))
+    for name, kind, updates in run_stages(spec):
+        if kind == "eval":
+            add(name, _eval_terms(cal, spec))
+        else:
+            rates, cfg = (cal.es, spec.es) if kind == "es" else (cal.grpo, spec.grpo)
+            add(name, _train_terms(rates, cfg, kind, updates))
     evaluated = len({s["name"] for s in stages if "/eval/" in f"/{s['name']}"})
     add("report", {"report": cal.report_s * evaluated / max(1, cal.report_methods)})
     total = sum(s["wall_s"] for s in stages)

@@ -52,7 +52,7 @@ from esreason.errors import UserError
 from esreason.experiments import memplan
 from esreason.experiments import plan_table as tab
 from esreason.experiments.plan_render import render
-from esreason.experiments.spec import TRAINED, ExperimentSpec
+from esreason.experiments.spec import ExperimentSpec, run_stages
 
 GIB = 2.0 ** 30
 BYTES_PER_PARAM = {"perturb": 10, "restore": 6, "draw": 4, "accumulate": 12, "apply": 48, "zeros": 4,
@@ -395,22 +395,11 @@ def memory_verdicts(stage: Stage, gpu_type: str) -> dict[str, Any]:
 
 def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any = None) -> dict[str, Any]:
     """The plan as one JSON-able object: stages, total_gpu_hours, wall_hours, assumptions (+ context)."""
-    from esreason.experiments.sequence import split_budget
-
     ctx = _Ctx(spec, gpus, gpu, lengths)
     stages: list[Stage] = []
-    for m in spec.methods:
-        kinds = TRAINED.get(m.kind, ())
-        budgets = (spec.updates,) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
-        # with `seeds`, every trained method is trained and evaluated once per seed (seed<s>/...);
-        # the base model, which has no training seed, is evaluated once
-        prefixes = [f"seed{s}/" for s in spec.seeds] if (spec.seeds and kinds) else [""]
-        for prefix in prefixes:
-            for i, (kind, updates) in enumerate(zip(kinds, budgets), start=1):
-                name = f"{prefix}train/{m.name}" if len(kinds) == 1 else f"{prefix}train/{m.name}/stage{i}_{kind}"
-                stages.append(_es_stage(ctx, spec.es, name, updates) if kind == "es"
-                              else _grpo_stage(ctx, spec.grpo, name, updates))
-            stages.append(_eval_stage(ctx, f"{prefix}eval/{m.name}"))
+    for name, kind, updates in run_stages(spec):
+        stages.append(_es_stage(ctx, spec.es, name, updates) if kind == "es" else
+                      _grpo_stage(ctx, spec.grpo, name, updates) if kind == "grpo" else _eval_stage(ctx, name))
     for st in stages:
         st.memory = memory_verdicts(st, gpu_type_key(gpu))
         v = st.memory.get("verdicts", {}).get(gpu_type_key(gpu))

@@ -151,6 +151,27 @@ class ExperimentSpec:
         return replace(self, es=_seeded(self.es), grpo=_seeded(self.grpo))
 
 
+def run_stages(spec: "ExperimentSpec") -> list[tuple[str, str, int]]:
+    """The stages ``esreason experiment run`` executes, in order: (name, kind, updates) with kind
+    'es', 'grpo' or 'eval' (updates 0). Names: ``train/<m>`` (a composition:
+    ``train/<m>/stage<i>_<kind>``, T//2 + T - T//2 updates), ``eval/<m>``; with ``seeds`` every
+    trained method once per seed under ``seed<s>/``, the base model (no training seed) once.
+    The table plan and the calibrated plan both price these."""
+    from esreason.experiments.sequence import split_budget
+
+    out: list[tuple[str, str, int]] = []
+    for m in spec.methods:
+        kinds = TRAINED.get(m.kind, ())
+        budgets = (spec.updates,) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
+        prefixes = [f"seed{s}/" for s in spec.seeds] if (spec.seeds and kinds) else [""]
+        for prefix in prefixes:
+            for i, (kind, updates) in enumerate(zip(kinds, budgets), start=1):
+                name = f"{prefix}train/{m.name}" if len(kinds) == 1 else f"{prefix}train/{m.name}/stage{i}_{kind}"
+                out.append((name, kind, updates))
+            out.append((f"{prefix}eval/{m.name}", "eval", 0))
+    return out
+
+
 def parse_seeds(value: Any, key: str = "seeds") -> tuple[int, ...] | None:
     """A ``seeds`` key: a non-empty list of distinct integers >= 0 (None when absent)."""
     if value is None:
