@@ -77,9 +77,11 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """One small local Ray instance (2 CPUs, no GPU) per test module that asks for it (startup ~10 s)."""
+    """One small local Ray instance per test module that asks for it (startup ~10 s): 2 CPUs and 2
+    declared GPUs (Ray resources only, no device: engines placed on them compute on the CPU; the
+    ``engines_per_gpu`` placement tests share one of them between two engines)."""
     import ray
 
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level="WARNING")
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()

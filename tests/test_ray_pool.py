@@ -64,6 +64,40 @@ def test_more_engines_than_resources(ray_local, demo_policy):
     assert ray_local.is_initialized()  # the pool did not stop a Ray instance it did not start
 
 
+def test_two_engines_on_one_gpu_give_the_rewards_of_two_gpus(ray_local, demo_policy):
+    """``engines_per_gpu`` placement (issue 24, item 5) through Ray's fractional GPUs: ray_local declares
+    2 GPUs; engines of 1/2 GPU share one, engines of 1 GPU take one each. HF engines compute on the
+    CPU, so this pins the pool's placement and that placement changes no result (the vLLM twin:
+    tests/test_vllm_engines_per_gpu.py). Runs before the module's ``pooled`` engines take the CPUs."""
+    from esreason import tasks, verifiers
+    from esreason.backends.base import SamplingParams
+    from esreason.es.population import draw_population
+
+    task = tasks.get("demo-add")
+    problems = task.load("train", None, 4)
+    prompts = [tasks.render_prompt(demo_policy.tokenizer, p.messages) for p in problems]
+    golds = [p.gold for p in problems]
+    scorer = verifiers.get(task.verifier)
+    pop = draw_population(5, 0, 4, "one_point")
+    params = [SamplingParams(max_new_tokens=48, temperature=0.7, seed=21 + i) for i in range(4)]
+    options = HFEngineOptions.from_config(tiny_es_cfg(), threads=1)
+    placed, results = {}, {}
+    for layout, kwargs in (("two GPUs", {"gpus": 1.0}), ("one GPU", {"gpus_if_declared": 0.5})):
+        pool = RayEnginePool("hf", options, policy_state(demo_policy), 2, reference=demo_policy, **kwargs)
+        try:
+            placed[layout] = sorted(tuple(pool.engine_gpus[s.rank]) for s in pool.slots)
+            assert pool.gpus == (1.0 if layout == "two GPUs" else 0.5)
+            results[layout] = pool.evaluate(pop, 0.003, prompts, golds, scorer, params)
+        finally:
+            pool.close()
+    assert placed["two GPUs"] == [("0",), ("1",)]
+    assert placed["one GPU"][0] == placed["one GPU"][1] and len(placed["one GPU"][0]) == 1
+    a, b = results["two GPUs"], results["one GPU"]
+    np.testing.assert_array_equal(a.rewards, b.rewards)
+    np.testing.assert_array_equal(a.correct, b.correct)
+    assert a.tokens == b.tokens and a.tokens > 0
+
+
 # ---------------------------------------------------------------- the engine itself (no Ray)
 
 

@@ -100,6 +100,33 @@ def test_heldout_on_pool_engines(ray_local):
     np.testing.assert_allclose(out.entropy_sum, want.entropy_sum, rtol=2e-5)
 
 
+def test_two_evaluation_engines_share_one_gpu(ray_local, demo):
+    """``eval.engines_per_gpu`` (issue 24, item 5): two evaluation actors of half a declared GPU each
+    land on one GPU id, each with half the memory reservation, and answer exactly as one engine.
+    (Before the module's engines take the 2 CPUs; the fan-out test below checks one GPU each.)"""
+    from esreason.backends.base import SamplingParams
+    from esreason.backends.eval_pool import build_eval_generator
+    from esreason.backends.vllm_eval import EvalEngineOptions
+
+    prompts = ["<s>12+34=", "<s>7*8=", "<s>hello ", "<s>99-3=", "<s>5+5="]
+    params = SamplingParams(max_new_tokens=24, temperature=0.7, seed=5, compute_entropy=True)
+    one, _, _ = build_eval_generator("demo", engines=1, kind="hf", batch_size=8)
+    want = one.generate(prompts, params)
+    shared, _, info = build_eval_generator("demo", engines=2, kind="hf", batch_size=8, engines_per_gpu=2)
+    try:
+        got = shared.generate(prompts, params)
+    finally:
+        shared.close()
+    ids = [tuple(e["gpu_ids"]) for e in info["engines"]]
+    assert len(ids) == 2 and ids[0] == ids[1] and len(ids[0]) == 1, ids
+    assert info["engines_per_gpu"] == 2
+    assert got.token_ids == want.token_ids
+    assert got.entropy_sum == pytest.approx(want.entropy_sum, rel=1e-12)
+    with pytest.raises(UserError, match="--engines-per-gpu 2 needs --engines >= 2"):
+        build_eval_generator("demo", engines=1, kind="hf", engines_per_gpu=2)
+    assert EvalEngineOptions.gpu_memory_utilization / 2 == pytest.approx(0.3)
+
+
 @pytest.fixture(scope="module")
 def engine_generators(ray_local):
     """{1: one in-process HF engine, 2: two HF engines as Ray actors} (each: generator, tokenizer, info)."""
@@ -122,6 +149,7 @@ def test_ray_fanout_equals_one_engine(engine_generators, demo):
     (one, _, info1), (two, _, info2) = engine_generators[1], engine_generators[2]
     a, b = one.generate(prompts, params), two.generate(prompts, params)
     assert info1["identity"] == info2["identity"]
+    assert sorted(tuple(e["gpu_ids"]) for e in info2["engines"]) == [("0",), ("1",)]  # one declared GPU each
     assert a.token_ids == b.token_ids and a.texts == b.texts
     assert a.entropy_sum == pytest.approx(b.entropy_sum, rel=1e-12)
     assert a.texts[0] != a.texts[5]  # same prompt, different request seeds

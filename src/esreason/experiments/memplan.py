@@ -59,6 +59,9 @@ TERMS = {
                             "its CUDA graph pool and allocator slack"),
     "update_blocks": (3 * 16 / 1024, "GiB",
                       "esreason.es.noise: three 16 MiB noise blocks live during perturb / restore / update"),
+    "vllm_runtime": (2.0, "GiB per engine",
+                     "assumption (ours): inside vLLM's reservation beside weights and KV cache, its profiled "
+                     "activation peak (max_num_batched_tokens) and CUDA-graph pool at 1.5B-7B; unmeasured"),
 }
 
 #: The longest chat-rendered prompt per task, tokens (assumption (ours) where not measured: the
@@ -82,6 +85,10 @@ class Role:
     name: str
     terms: dict[str, float] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
+    capacity_gib: float | None = None
+    """What the terms must fit in when not the whole GPU (one engine's vLLM reservation)."""
+    capacity_key: str = "-"
+    """The config key that changes ``capacity_gib``."""
 
     def add(self, term: str, gib: float, key: str) -> None:
         self.terms[term] = self.terms.get(term, 0.0) + gib
@@ -206,22 +213,41 @@ def masters_fit_on_gpu(masters_gib: float, engine_fraction: float, gpu_gib: floa
     return masters_gib * 1.2 + 1 <= (1 - engine_fraction) * gpu_gib
 
 
+def engine_share_role(model: str, dtype: str, seq_tokens: int, share_gib: float, key: str) -> Role:
+    """One vLLM engine's reservation (``gpu_memory_utilization`` x the GPU, split K ways under
+    ``engines_per_gpu``) against what it must hold: the weights, vLLM's runtime and the KV cache of
+    at least one sequence of ``seq_tokens`` (prompt + response; vLLM refuses to start below that)."""
+    arch = architecture(model)
+    w = _bytes(dtype)
+    r = Role("one engine's vLLM reservation", capacity_gib=share_gib, capacity_key=key)
+    r.add("weights", w * parameter_count(arch) / GIB, "dtype")
+    r.add("vllm_runtime", TERMS["vllm_runtime"][0], "-")
+    r.add("kv_one_sequence", _kv_bytes(arch, 1, seq_tokens, w) / GIB, "generation.max_new_tokens")
+    return r
+
+
 def es_roles(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, trainer_gib: float) -> list[Role]:
-    """An ES engine's GPU, and GPU 0 with the trainer beside its engine (vLLM backends); or the
-    one GPU of the in-process HF sampler."""
+    """An ES engine's GPU (its K engines with ``backend.engines_per_gpu``: together the one-engine
+    reservation, each its own masters if they fit, noise blocks and CUDA context), one engine's
+    reservation against its weights and a sequence's KV cache, and GPU 0 with the trainer beside its
+    engines (vLLM backends); or the one GPU of the in-process HF sampler."""
     params = parameter_count(architecture(cfg.model))
     w = _bytes(cfg.dtype)
     masters = es_masters_gib(cfg)
     if cfg.backend.type in ("ray", "vllm"):
-        r = Role("ES engine")
-        r.add("vllm", engine_fraction * gpu_gib, "VLLMEngineOptions.gpu_memory_utilization (code default)")
-        if masters and masters_fit_on_gpu(masters, engine_fraction, gpu_gib):
-            r.add("fp32_masters", masters, "es.master_weights")
-        r.add("update_blocks", TERMS["update_blocks"][0], "-")
-        r.add("cuda_context", TERMS["cuda_context"][0], "-")
-        gpu0 = Role("GPU 0: ES engine + trainer", dict(r.terms), dict(r.keys))
+        k = getattr(cfg.backend, "engines_per_gpu", 1)
+        key = "backend.engines_per_gpu" if k > 1 else "VLLMEngineOptions.gpu_memory_utilization (code default)"
+        r = Role("ES engine" if k == 1 else f"GPU of {k} ES engines")
+        r.add("vllm", engine_fraction * gpu_gib, key)
+        if masters and masters_fit_on_gpu(k * masters, engine_fraction, gpu_gib):
+            r.add("fp32_masters", k * masters, "es.master_weights" + (", backend.engines_per_gpu" if k > 1 else ""))
+        r.add("update_blocks", k * TERMS["update_blocks"][0], "-")
+        r.add("cuda_context", k * TERMS["cuda_context"][0], "-")
+        gpu0 = Role(f"GPU 0: ES engine{'s' if k > 1 else ''} + trainer", dict(r.terms), dict(r.keys))
         gpu0.add("trainer", trainer_gib, "-")
-        return [r, gpu0]
+        share = engine_share_role(cfg.model, cfg.dtype, prompt_tokens(cfg.task) + cfg.generation.max_new_tokens,
+                                  engine_fraction / k * gpu_gib, key)
+        return [r, share, gpu0]
     prompt = prompt_tokens(cfg.task)
     t = _forward_trace(cfg.model, cfg.train.batch_size, prompt, cfg.dtype, "prefill")
     kv = _kv_bytes(architecture(cfg.model), cfg.train.batch_size, prompt + cfg.generation.max_new_tokens, w) / GIB
@@ -250,15 +276,17 @@ def eval_roles(spec: Any, gpu_gib: float, utilization: float, dtype: str, tokens
     width = prompt + p.max_new_tokens
     model = spec.model
     if p.backend == "vllm":
+        k = getattr(p, "engines_per_gpu", 1)  # K engines share the GPU: the reservation split K ways
         rows = max(1, tokens_per_forward // width)
         t = _forward_trace(model, rows, width, dtype, "scorer")
-        r = Role("evaluation engine")
-        r.add("vllm", utilization * gpu_gib, "eval gpu_memory_utilization (EvalEngineOptions)")
-        r.add("scorer_weights", t.parameters / GIB, "eval dtype")
-        r.add("scorer_activations", t.activations / GIB, "scorer tokens_per_forward")
-        r.add("fragmentation", TERMS["fragmentation"][0] * t.total / GIB, "-")
-        r.add("cuda_context", TERMS["cuda_context"][0], "-")
-        return [r]
+        key = "eval.engines_per_gpu" if k > 1 else "eval gpu_memory_utilization (EvalEngineOptions)"
+        r = Role("evaluation engine" if k == 1 else f"GPU of {k} evaluation engines")
+        r.add("vllm", utilization * gpu_gib, key)
+        r.add("scorer_weights", k * t.parameters / GIB, "eval dtype")
+        r.add("scorer_activations", k * t.activations / GIB, "scorer tokens_per_forward")
+        r.add("fragmentation", k * TERMS["fragmentation"][0] * t.total / GIB, "-")
+        r.add("cuda_context", k * TERMS["cuda_context"][0], "-")
+        return [r, engine_share_role(model, dtype, width, utilization / k * gpu_gib, key)]
     rows = max(1, p.batch_size)
     t = _forward_trace(model, rows, prompt, dtype, "prefill")
     kv = _kv_bytes(architecture(model), rows, width, _bytes(dtype)) / GIB
@@ -322,7 +350,8 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
     ram.add("processes", HOST_TERMS["process"][0], "-")
     if cfg.backend.type in ("ray", "vllm"):
         ram.add("engine_processes", engines * HOST_TERMS["vllm_engine_process"][0], "backend.engines")
-        if masters and not masters_fit_on_gpu(masters, engine_fraction, gpu_gib):
+        if masters and not masters_fit_on_gpu(getattr(cfg.backend, "engines_per_gpu", 1) * masters,
+                                              engine_fraction, gpu_gib):
             pinned.add("engine_masters", engines * masters, "es.master_weights, backend.engines")
             ram.add("engine_masters_pinned", engines * masters, "es.master_weights, backend.engines")
         disk.add("start_state", (w * params / GIB + masters), "- (once per node)")
@@ -374,11 +403,17 @@ def eval_host(spec: Any, engines: int) -> dict[str, Any]:
 def verdict(roles: list[Role], gpu_gib: float) -> dict[str, Any]:
     """Fits / does not fit on a GPU of ``gpu_gib``: the worst role, its margin, and where it does
     not fit the largest term and the key that changes it."""
-    worst = max(roles, key=lambda r: r.total)
-    margin = 1.0 - worst.total / gpu_gib
-    out: dict[str, Any] = {"fits": worst.total <= gpu_gib, "margin": round(margin, 4), "role": worst.name,
-                           "total_gib": round(worst.total, 2), "capacity_gib": round(gpu_gib, 2)}
-    if not out["fits"]:
+    def cap(r: Role) -> float:
+        return r.capacity_gib if r.capacity_gib is not None else gpu_gib
+
+    worst = max(roles, key=lambda r: r.total / cap(r))
+    margin = 1.0 - worst.total / cap(worst)
+    out: dict[str, Any] = {"fits": worst.total <= cap(worst), "margin": round(margin, 4), "role": worst.name,
+                           "total_gib": round(worst.total, 2), "capacity_gib": round(cap(worst), 2)}
+    if not out["fits"] and worst.capacity_key != "-":  # the budget is what to change (an engine's share)
+        term = max(worst.terms, key=lambda k: worst.terms[k])
+        out.update(term=term, term_gib=round(worst.terms[term], 2), key=worst.capacity_key)
+    elif not out["fits"]:
         changeable = {k: v for k, v in worst.terms.items() if worst.keys.get(k, "-") != "-"}
         term = max(changeable or worst.terms, key=lambda k: worst.terms[k])
         out.update(term=term, term_gib=round(worst.terms[term], 2), key=worst.keys.get(term, "-"))
@@ -387,7 +422,8 @@ def verdict(roles: list[Role], gpu_gib: float) -> dict[str, Any]:
 
 def roles_json(roles: list[Role]) -> list[dict[str, Any]]:
     return [{"role": r.name, "terms_gib": {k: round(v, 2) for k, v in r.terms.items()},
-             "total_gib": round(r.total, 2)} for r in roles]
+             "total_gib": round(r.total, 2),
+             **({"capacity_gib": round(r.capacity_gib, 2)} if r.capacity_gib is not None else {})} for r in roles]
 
 
 def local_gpu() -> tuple[str, float] | None:

@@ -9,7 +9,11 @@ throughput and constant comes from one table with its source (:mod:`esreason.exp
 Model of a stage (the runner runs stages one after another, so wall times add up). Each stage's
 wall time is the sum of named terms (``stages[].terms_s``; issue 24), modelled on what the code does:
 
-- **start**: engines (vLLM) and the trainer process start once per stage.
+- **start**: engines (vLLM) and the trainer process start once per stage (K engines sharing a GPU
+  one after another: ``engines_per_gpu``).
+- **engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K): each engine's
+  decode step is K / speedup times as long (``plan_table.shared_gpu_speedup``), the K engines of a
+  GPU share its HBM for the update, and evaluation decode stays at the GPU's many-row rate.
 - **decode**: the generated tokens at the table's throughput (mean response length).
 - **tail**: a synchronous call waits for its longest row. An ES member's B prompts, a GRPO
   process's share of a rollout batch and an evaluation call (``eval.batch_size // samples``
@@ -159,6 +163,13 @@ class _Ctx:
         """Write a checkpoint and read it back for its sha256 manifest (io.verify)."""
         return nbytes / self.over("disk_bytes_per_s") + nbytes / self.over("hash_bytes_per_s")
 
+    def slowdown(self, engines_per_gpu: int) -> float:
+        """How much longer each engine's decode step takes when K engines share its GPU: K / the
+        shared-GPU speedup (plan_table.shared_gpu_speedup; 1 for K = 1)."""
+        if engines_per_gpu <= 1:
+            return 1.0
+        return engines_per_gpu / self.note(tab.shared_gpu_speedup(self.gpu_type, self.size, engines_per_gpu))
+
     def hbm_seconds(self, bytes_per_param: float) -> float:
         return self.params * bytes_per_param / (self.gpu["hbm_bytes_per_s"] * self.const("elementwise_efficiency"))
 
@@ -199,28 +210,33 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     trainer = mem_w * ctx.params / GIB + masters + centre + cfg.es.direction_cache_mb / 1024
     if be.type in ("ray", "vllm"):
         engines = be.engines if be.type == "ray" else 1
-        if engines > ctx.gpus:
-            ctx.notes.append(f"{name}: backend.engines={engines} but only {ctx.gpus} GPUs: the pool would refuse to "
-                             f"start; planned with {ctx.gpus} engines (set backend.engines={ctx.gpus})")
-            engines = ctx.gpus
+        per_gpu = getattr(be, "engines_per_gpu", 1)  # K engines share a GPU (issue 24, item 5)
+        if engines > ctx.gpus * per_gpu:
+            room = ctx.gpus * per_gpu
+            ctx.notes.append(f"{name}: backend.engines={engines} but only {ctx.gpus} GPUs x {per_gpu} engines per GPU: "
+                             f"the pool would refuse to start; planned with {room} engines (set backend.engines={room})")
+            engines = room
+        gpus_used = -(-engines // per_gpu)
+        slow = ctx.slowdown(per_gpu)  # each engine's decode step is this much longer on a shared GPU
         members = -(-n // engines)
         per_member = BYTES_PER_PARAM["perturb"] + BYTES_PER_PARAM["restore"] + BYTES_PER_PARAM["draw"]
         if be.update == "sharded" and engines > 1:
             step = members * (per_member + BYTES_PER_PARAM["accumulate"] + BYTES_PER_PARAM["draw"]) + sum(
                 BYTES_PER_PARAM[k] for k in ("zeros", "quantize", "dequantize", "apply"))
             wire = 2 * (engines - 1) / engines * BYTES_PER_PARAM["allreduce_element"] * ctx.params
-            noise = ctx.hbm_seconds(step) + wire / ctx.gpu["nvlink_bytes_per_s"]
+            noise = per_gpu * ctx.hbm_seconds(step) + wire / ctx.gpu["nvlink_bytes_per_s"]
         else:
             step = members * per_member + n * (BYTES_PER_PARAM["accumulate"] + BYTES_PER_PARAM["draw"]) + \
                 BYTES_PER_PARAM["apply"]
-            noise = ctx.hbm_seconds(step)
+            noise = per_gpu * ctx.hbm_seconds(step)  # the K engines of a GPU share its HBM
         max_new = cfg.generation.max_new_tokens
         checks = updates // be.check_every if be.check_every else 0
         master_bytes = 4 if masters else 0
-        terms = {"start": ctx.over("engine_start_s") + ctx.over("trainer_start_s"),
-                 "decode": updates * members * b * ctx.length(max_new) / ctx.rate("vllm64"),
-                 "tail": updates * members * ctx.batch_tail(b, max_new),
-                 "heldout": heldout_tokens / (ctx.rate("vllm") * engines),
+        # engines sharing a GPU start one after another (engine_env.gpu_start_lock)
+        terms = {"start": per_gpu * ctx.over("engine_start_s") + ctx.over("trainer_start_s"),
+                 "decode": updates * members * b * ctx.length(max_new) / ctx.rate("vllm64") * slow,
+                 "tail": updates * members * ctx.batch_tail(b, max_new) * slow,
+                 "heldout": heldout_tokens / (ctx.rate("vllm") * gpus_used),
                  "update": updates * noise,
                  "checksum": checks * (mem_w + master_bytes) * ctx.params / ctx.over("hash_bytes_per_s"),
                  "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
@@ -228,20 +244,21 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         frac = ctx.const("engine_memory_fraction")
         # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
         # reservation with a 1 GiB + 20% margin, else in pinned host memory (docs/scale.md, "Centre copy").
-        on_gpu = memplan.masters_fit_on_gpu(masters, frac, ctx.gpu["memory_gib"])
-        engine_gib = frac * ctx.gpu["memory_gib"] + (masters if on_gpu else 0.0)
+        on_gpu = memplan.masters_fit_on_gpu(per_gpu * masters, frac, ctx.gpu["memory_gib"])
+        engine_gib = frac * ctx.gpu["memory_gib"] + (per_gpu * masters if on_gpu else 0.0)  # the GPU's K engines
         if masters and not on_gpu:
             ctx.notes.append(f"{name}: each engine keeps its {masters:.0f} GiB fp32 masters in pinned host memory "
                              "(they do not fit beside vLLM's reservation)")
         kind = f"{engines} vLLM engine{'s' if engines > 1 else ''}"
-        where = (f"{kind} (Ray pool, 1 GPU each; {be.update} update)" if be.type == "ray"
+        share = "1 GPU each" if per_gpu == 1 else f"{per_gpu} per GPU on {gpus_used} GPUs"
+        where = (f"{kind} (Ray pool, {share}; {be.update} update)" if be.type == "ray"
                  else f"{kind} in-process (1 GPU)")
         # The trainer's reference is in host memory beside GPU engines (es_loop.run.reference_placement):
         # GPU 0 holds its engine plus the trainer's CUDA context and noise blocks only.
         memory = {"engine": engine_gib, "gpu0_with_trainer": engine_gib + ctx.const("trainer_gpu_gib"),
                   "trainer_host": trainer}
         trainer_gpu = ctx.const("trainer_gpu_gib")
-        return Stage(name, where, responses + heldout, round(tokens), engines, wall / 3600, memory,
+        return Stage(name, where, responses + heldout, round(tokens), gpus_used, wall / 3600, memory,
                      roles=lambda gib: memplan.es_roles(cfg, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [],
                      host=lambda gib: memplan.es_host(cfg, engines, gib, frac, updates), terms=terms,
                      gpus_held=ctx.gpus)
@@ -324,24 +341,31 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
     responses = problems * per_problem
     tokens = responses * ctx.length(p.max_new_tokens)
     if p.backend == "vllm":
-        engines = min(p.engines, ctx.gpus)
-        if p.engines > ctx.gpus:
-            ctx.notes.append(f"{name}: eval.engines={p.engines} but only {ctx.gpus} GPUs; planned with {engines}")
+        per_gpu = getattr(p, "engines_per_gpu", 1)
+        engines = min(p.engines, ctx.gpus * per_gpu)
+        if p.engines > ctx.gpus * per_gpu:
+            ctx.notes.append(f"{name}: eval.engines={p.engines} but only {ctx.gpus} GPUs x {per_gpu} engines per GPU; "
+                             f"planned with {engines}")
+        gpus_used = -(-engines // per_gpu)
+        slow = ctx.slowdown(per_gpu)
         per_call = max(1, p.batch_size // p.samples)  # problems per call and engine
         per_engine = math.ceil(problems / engines)
         calls = math.ceil(per_engine / per_call)  # generate calls of one engine
-        tail = calls * ctx.batch_tail(per_call * p.samples, p.max_new_tokens)
+        tail = calls * ctx.batch_tail(per_call * p.samples, p.max_new_tokens) * slow
         if p.greedy:
-            tail += calls * ctx.batch_tail(per_call, p.max_new_tokens)
+            tail += calls * ctx.batch_tail(per_call, p.max_new_tokens) * slow
         mean = ctx.length(p.max_new_tokens)
         scored = sum(_problems(ctx, [t], p.limit) * (ctx.note(tab.prompt_tokens(t)) + p.samples * mean)
                      for t in p.tasks)  # each prompt once for its samples (shared), every response token
-        terms = {"start": ctx.over("engine_start_s"), "decode": tokens / ctx.rate("vllm") / engines, "tail": tail,
-                 "entropy": 2 * ctx.params * scored / (ctx.gpu["bf16_flops"] * ctx.const("train_mfu")) / engines,
+        # decode: many sequences per engine reach the GPU's "vllm" rate, which sharing does not raise
+        terms = {"start": per_gpu * ctx.over("engine_start_s"), "decode": tokens / ctx.rate("vllm") / gpus_used,
+                 "tail": tail,
+                 "entropy": 2 * ctx.params * scored / (ctx.gpu["bf16_flops"] * ctx.const("train_mfu")) / gpus_used,
                  "mbpp": _mbpp_s(ctx, per_problem)}
         frac = ctx.const("eval_memory_fraction")
-        where = f"{engines} vLLM engine{'s' if engines > 1 else ''} (1 GPU each) + teacher-forced entropy pass"
-        return Stage(name, where, responses, round(tokens), engines, sum(terms.values()) / 3600,
+        share = "1 GPU each" if per_gpu == 1 else f"{per_gpu} per GPU on {gpus_used} GPUs"
+        where = f"{engines} vLLM engine{'s' if engines > 1 else ''} ({share}) + teacher-forced entropy pass"
+        return Stage(name, where, responses, round(tokens), gpus_used, sum(terms.values()) / 3600,
                      {"engine": frac * ctx.gpu["memory_gib"]}, roles=lambda gib: _eval_roles(ctx, gib),
                      host=lambda gib: memplan.eval_host(ctx.spec, engines), terms=terms, gpus_held=ctx.gpus)
     # The HF sampler scores entropy while it samples: no separate pass.

@@ -38,7 +38,10 @@ def _memory_cell(memory: dict[str, Any], fallback: dict[str, float]) -> str:
     if not memory.get("on_gpu"):
         return ", ".join(f"{k} {v:g}" for k, v in fallback.items()) + " GiB (CPU)"
     v = memory["verdicts"][memory["gpu_type"]]
-    cell = (f"{v['total_gib']:.1f} GiB, fits ({100 * v['margin']:.0f} % margin)" if v["fits"] else
-            f"{v['total_gib']:.1f} GiB, DOES NOT FIT ({v['term']} {v['term_gib']:.1f} GiB; change {v['key']})")
+    size = f"{v['total_gib']:.1f} GiB"
+    if v["role"] == "one engine's vLLM reservation":  # the tightest budget is an engine's share, not the GPU
+        size = f"{v['total_gib']:.1f} of {v['capacity_gib']:.1f} GiB reserved per engine"
+    cell = (f"{size}, fits ({100 * v['margin']:.0f} % margin)" if v["fits"] else
+            f"{size}, DOES NOT FIT ({v['term']} {v['term_gib']:.1f} GiB; change {v['key']})")
     others = [k for k, w in memory["verdicts"].items() if not w["fits"] and k != memory["gpu_type"]]
     return cell + (f"; not on {', '.join(others)}" if others else "")

@@ -247,6 +247,26 @@ def throughput(gpu: str, size: str, workload: str) -> Assumption:
     return THROUGHPUT[(gpu, size, workload)]
 
 
+def shared_gpu_speedup(gpu: str, size: str, engines_per_gpu: int) -> Assumption:
+    """How much more a GPU decodes with K engines of 64 sequences each than with one (issue 24, item 5).
+
+    One engine's 64-sequence decode reaches the ``vllm64`` rate, ``DECODE_EFFICIENCY`` of the HBM
+    roofline (each step reads the bf16 weights once); we read the rest of the step as time the GPU
+    waits on the engine's host side (scheduling, sampling, detokenisation), which the other engines
+    of that GPU fill. K engines then decode min(K x vllm64, the full roofline 64 x HBM / (2 P)) tokens/s
+    together: each engine's step is K / speedup times as long. A model, never held against a GPU
+    measurement: ``scripts/gpu-check.sh`` measures it where a GPU is lent.
+    """
+    v64 = THROUGHPUT[(gpu, size, "vllm64")].value
+    roof = 64 * GPUS[gpu]["hbm_bytes_per_s"] / (2 * CLASS_PARAMS[size])
+    value = min(float(engines_per_gpu), roof / v64)
+    return Assumption(f"shared_gpu_speedup.{gpu}.{size}.k{engines_per_gpu}", round(value, 3),
+                      "x one engine's decode rate on its GPU",
+                      f"derived (ours, unmeasured): min(K, full roofline / vllm64 = {roof / v64:.2f}); the "
+                      f"vllm64 rate is {DECODE_EFFICIENCY} of the roofline, the rest read as host time other "
+                      "engines on the GPU fill (time-sliced, no MPS)")
+
+
 def response_tokens(model: str) -> Assumption:
     return RESPONSE_TOKENS["r1-distill" if "r1-distill" in model.lower() else "instruct"]
 

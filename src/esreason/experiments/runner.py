@@ -164,7 +164,8 @@ def _evaluate(model: str, spec: ExperimentSpec, out: Path, progress: bool) -> fl
     evaluate(model, list(p.tasks), output_dir=out, samples=p.samples, temperature=p.temperature, top_p=p.top_p,
              max_new_tokens=p.max_new_tokens, ks=p.ks, greedy=p.greedy, limit=p.limit, data_dir=spec.data_dir,
              seed=p.seed, batch_size=p.batch_size, progress=progress, device=device, dtype=dtype,
-             ci_resamples=p.ci_resamples, backend=p.backend, engines=p.engines)
+             ci_resamples=p.ci_resamples, backend=p.backend, engines=p.engines,
+             engines_per_gpu=p.engines_per_gpu)
     return time.perf_counter() - t0
 
 

