@@ -200,6 +200,43 @@ def test_eval_backend_files_resume_and_engine_count(engine_generators, tmp_path,
     assert again.value("pass@1") == s2.value("pass@1")
 
 
+def test_streamed_over_two_ray_engines_equals_calls(engine_generators, tmp_path, monkeypatch):
+    """The streamed schedule (issue 24, item 4) over two Ray actors: each engine its whole share at
+    once, problems recorded as they complete; the same rows and files as the call path."""
+    from esreason.backends import eval_pool
+    from esreason.eval.harness import evaluate
+
+    class Kept:  # the module's engines, kept open for the other tests (the harness closes its generator)
+        def __init__(self, gen):
+            self._gen = gen
+
+        def __getattr__(self, name):
+            return getattr(self._gen, name)
+
+        def close(self):
+            pass
+
+    def started(model, *, engines, **kw):
+        gen, tok, info = engine_generators[engines]
+        return Kept(gen), tok, info
+
+    monkeypatch.setattr(eval_pool, "build_eval_generator", started)
+    kw = dict(samples=3, limit=4, max_new_tokens=64, greedy=True, progress=False, ci_resamples=0, batch_size=4)
+    tasks = ["demo-add", "demo-sub"]
+    evaluate("demo", tasks, output_dir=tmp_path / "calls", backend="vllm", engines=2, schedule="calls", **kw)
+    evaluate("demo", tasks, output_dir=tmp_path / "stream", backend="vllm", engines=2, **kw)
+    for task in tasks:
+        a = _rows(tmp_path / "calls" / task / "responses.jsonl")
+        b = _rows(tmp_path / "stream" / task / "responses.jsonl")
+        assert [(r["problem_id"], r["greedy"], r["sample"], r["text"]) for r in a] == \
+            [(r["problem_id"], r["greedy"], r["sample"], r["text"]) for r in b]
+    total = json.loads((tmp_path / "stream" / "summary.json").read_text())["timings"]["total"]
+    assert total["schedule"] == "stream" and [e["engine"] for e in total["engines"]] == [0, 1]
+    assert sum(e["groups"] for e in total["engines"]) == 8 and all(e["groups"] == 4 for e in total["engines"])
+    calls = json.loads((tmp_path / "calls" / "summary.json").read_text())["timings"]["total"]
+    assert calls["schedule"] == "calls" and len(calls["engines"]) == 2  # the call path's engine counters
+
+
 def test_bad_backend_input_is_one_line(tmp_path, monkeypatch):
     from esreason.eval.harness import evaluate
 

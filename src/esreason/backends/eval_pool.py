@@ -48,6 +48,26 @@ class EvalEngineHost:
                           params: SamplingParams) -> RequestOutput:
         return self.engine.generate_requests(prompt_ids, seeds, params)
 
+    def start_stream(self, groups: list[Any], params: SamplingParams) -> None:
+        """Start this engine's share (:mod:`esreason.backends.eval_stream`) in a thread of the actor."""
+        from esreason.backends.eval_stream import StreamRunner
+
+        engine = self.engine
+        self.runner = StreamRunner(lambda stop, counters: engine.stream_groups(groups, params, stop, counters))
+
+    def take(self, timeout_s: float) -> tuple[list[Any], dict[str, Any] | None]:
+        """Finished groups so far (waits up to ``timeout_s`` for one), and the counters once done."""
+        return self.runner.take(timeout_s)
+
+    def stop_stream(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.stop()
+
+    def call_counters(self) -> dict[str, float]:
+        """The call path's counters of this engine (:func:`call_counters`)."""
+        return call_counters(self.engine)
+
 
 def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpus: float,
                    start_timeout_s: float, gpus_if_declared: float = 0.0) -> EngineGenerator:
@@ -91,9 +111,12 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
         close()
         raise RuntimeError(f"evaluation engines loaded different weights: {sorted(set(identities))}")
     log.info("evaluation: %d %s engines (Ray)", engines, options.kind)
+    from esreason.backends.eval_stream import RayStreams
+
     generator = EngineGenerator(tokenizer, engines,
                                 lambda k, ids, seeds, p: actors[k].generate_requests.remote(ids, seeds, p),
-                                ray.get, identity=identities[0], close=close)
+                                ray.get, identity=identities[0], close=close, streams=RayStreams(actors, ray))
+    generator.call_counters = lambda: ray.get([a.call_counters.remote() for a in actors])
     generator.records = ray.get([a.describe.remote() for a in actors], timeout=start_timeout_s)
     return generator
 
@@ -106,6 +129,14 @@ def _gpu_ids() -> list[str]:
         return [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else []
     except ImportError:
         return []
+
+
+def call_counters(engine: Any) -> dict[str, float]:
+    """Seconds an evaluation engine has spent inside generate calls so far, and the rows in flight
+    integrated over them (vLLM engines; 0 for the HF twin)."""
+    counters = getattr(engine, "call_counters", None)
+    return {"generating_s": float(getattr(engine, "generating_s", 0.0)),
+            "row_s": float(getattr(counters, "row_s", 0.0))}
 
 
 def engine_record(engine: Any) -> dict[str, Any]:
@@ -158,6 +189,7 @@ def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dt
         engine = build_engine(options)
         generator = local_generator(engine, tokenizer)
         generator.records = [engine_record(engine)]
+        generator.call_counters = lambda: [call_counters(engine)]
     else:
         on_gpu = kind == "vllm" and torch.cuda.is_available()
         generator = _ray_generator(options, engines, tokenizer, share if on_gpu else 0.0, start_timeout_s,

@@ -35,7 +35,9 @@ lazily, here and in :mod:`esreason.backends.ray_pool` only.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
@@ -111,25 +113,38 @@ def eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
     return ids
 
 
+_CALLS = itertools.count()
+
+
 def vllm_generate(llm: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int], params: SamplingParams,
-                  eos: set[int]) -> list[list[int]]:
-    """Per-request seeded sampling on a ``vllm.LLM``; token ids per row (stop token dropped)."""
+                  eos: set[int], counters: Any = None) -> list[list[int]]:
+    """Per-request seeded sampling on a ``vllm.LLM``; token ids per row (stop token dropped).
+
+    The rows are added to the ``LLMEngine`` and stepped until all are finished, as ``LLM.generate``
+    does; ``counters`` (an :class:`esreason.backends.eval_stream.StreamCounters`) gets the call's
+    ``row_s``: the integral over its steps of the rows in flight (occupancy)."""
+    from esreason.backends.eval_stream import step_rows
+
     vllm = import_vllm()
-    max_len = int(llm.llm_engine.model_config.max_model_len)
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = llm.llm_engine
+    max_len = int(engine.model_config.max_model_len)
     out: list[list[int]] = [[] for _ in prompt_ids]
-    rows, inputs, sampling = [], [], []
+    call = next(_CALLS)
+    owner: dict[str, int] = {}
     for i, (ids, seed) in enumerate(zip(prompt_ids, seeds)):
         budget = min(params.max_new_tokens, max_len - len(ids))
         if budget <= 0:
             continue  # the prompt fills the context: empty response (the sampler's rule)
-        rows.append(i)
-        inputs.append({"prompt_token_ids": [int(t) for t in ids]})
-        sampling.append(vllm.SamplingParams(temperature=float(params.temperature), top_p=float(params.top_p),
-                                            max_tokens=int(budget), seed=int(seed), detokenize=False))
-    if rows:
-        for i, res in zip(rows, llm.generate(inputs, sampling, use_tqdm=False)):
-            choice = res.outputs[0]
-            out[i] = _strip_stop(choice.token_ids, choice.finish_reason, eos)
+        rid = f"esr-call-{call}-{i}"
+        owner[rid] = i
+        engine.add_request(rid, {"prompt_token_ids": [int(t) for t in ids]},
+                           vllm.SamplingParams(temperature=float(params.temperature), top_p=float(params.top_p),
+                                               max_tokens=int(budget), seed=int(seed), detokenize=False,
+                                               output_kind=RequestOutputKind.FINAL_ONLY))
+    for rid, choice in step_rows(engine, owner, counters):
+        out[owner[rid]] = _strip_stop(choice.token_ids, choice.finish_reason, eos)
     return out
 
 
@@ -151,12 +166,25 @@ class VLLMEvalEngine:
         self.model = model
         self.scorer = EntropyScorer(model)
         self.eos = eos_ids(options.model, tokenizer)
+        self.generating_s = 0.0  # seconds inside vLLM's generate (call path; eval_stream counts its own)
+        from esreason.backends.eval_stream import StreamCounters
+
+        self.call_counters = StreamCounters()  # the call path's occupancy (row_s)
 
     def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
                           params: SamplingParams) -> RequestOutput:
-        ids = vllm_generate(self.llm, prompt_ids, seeds, params, self.eos)
+        t0 = time.perf_counter()
+        ids = vllm_generate(self.llm, prompt_ids, seeds, params, self.eos, self.call_counters)
+        self.generating_s += time.perf_counter() - t0
         ent = self.scorer.entropy_sums(prompt_ids, ids, params.temperature) if params.compute_entropy else None
         return RequestOutput(ids, ent)
+
+    def stream_groups(self, groups: Sequence[Any], params: SamplingParams, stop: Any, counters: Any) -> Any:
+        """Every row of ``groups`` at once, entropies scored beside generation
+        (:func:`esreason.backends.eval_stream.vllm_stream`)."""
+        from esreason.backends.eval_stream import vllm_stream
+
+        return vllm_stream(self.llm, groups, params, self.eos, self.scorer, stop, counters)
 
     def identity(self) -> str:
         return _identity(self.model)
@@ -172,10 +200,20 @@ class HFEvalEngine:
         model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device or _device())
         self.model = model
         self.sampler = Sampler(model, tokenizer, batch_size=options.batch_size)
+        self.generating_s = 0.0
 
     def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
                           params: SamplingParams) -> RequestOutput:
-        return sampler_generate_requests(self.sampler, prompt_ids, seeds, params)
+        t0 = time.perf_counter()
+        out = sampler_generate_requests(self.sampler, prompt_ids, seeds, params)
+        self.generating_s += time.perf_counter() - t0
+        return out
+
+    def stream_groups(self, groups: Sequence[Any], params: SamplingParams, stop: Any, counters: Any) -> Any:
+        """Group after group, each row alone with its seed (:func:`esreason.backends.eval_stream.sampler_stream`)."""
+        from esreason.backends.eval_stream import sampler_stream
+
+        return sampler_stream(self.sampler, groups, params, stop, counters)
 
     def identity(self) -> str:
         return _identity(self.model)
@@ -260,13 +298,61 @@ class EngineGenerator:
     """
 
     def __init__(self, tokenizer: Any, engines: int, submit: Submit, collect: Callable[[list[Any]], list[Any]],
-                 *, scorer: Any = None, identity: str | None = None, close: Callable[[], None] | None = None) -> None:
+                 *, scorer: Any = None, identity: str | None = None, close: Callable[[], None] | None = None,
+                 streams: Any = None) -> None:
         self.tokenizer = tokenizer
         self.engines = engines
         self._submit, self._collect, self._close = submit, collect, close
         self.scorer = scorer
         self.identity = identity
         self.records: list[dict[str, Any]] = []  # one per engine started (eval_pool.engine_record)
+        self._streams = streams  # eval_stream.LocalStreams / RayStreams, or None (calls only)
+        self.stream_counters: list[dict[str, Any]] = []  # per engine, of the last stream
+
+    @property
+    def can_stream(self) -> bool:
+        """Whether :meth:`stream` is available (evaluation engines; not an ES pool's engines)."""
+        return self._streams is not None
+
+    def stream(self, jobs: Sequence[Any], params: SamplingParams, poll_s: float = 5.0) -> Any:
+        """Every job (:class:`esreason.backends.eval_stream.StreamJob`: one problem) at once, split
+        into one contiguous share per engine; yields a :class:`~esreason.backends.eval_stream.StreamResult`
+        per problem as its engine finishes it (module doc of :mod:`esreason.backends.eval_stream`).
+        Closing the iterator early stops every engine's stream."""
+        from esreason.backends.eval_stream import RequestGroup, StreamResult, split_groups
+        from esreason.backends.sampling import check_params
+        from esreason.embedded import safe_decode
+
+        if self._streams is None:
+            raise RuntimeError("these engines evaluate by calls only (no stream)")
+        check_params(params)
+        ids = [list(r) for r in self.tokenizer([j.prompt for j in jobs], add_special_tokens=False)["input_ids"]] \
+            if jobs else []
+        groups = [RequestGroup(i, ids[i], [int(s) for s in job.seeds], job.greedy_seed) for i, job in enumerate(jobs)]
+        shares = split_groups(groups, self.engines)
+        self.stream_counters = []
+        for k, share in enumerate(shares):
+            self._streams.start(k, share, params)
+        remaining = len(shares)
+
+        def text(tokens: list[int]) -> str:
+            return safe_decode(self.tokenizer, tokens, skip_special_tokens=True)
+
+        try:
+            while remaining:
+                for k, outs, counters in self._streams.poll(poll_s):
+                    for o in outs:
+                        if len(o.token_ids) != len(jobs[o.key].seeds):
+                            raise RuntimeError(f"an evaluation engine returned {len(o.token_ids)} responses for "
+                                               f"{len(jobs[o.key].seeds)} rows")
+                        yield StreamResult(jobs[o.key], [text(t) for t in o.token_ids], o.token_ids, o.entropy_sum,
+                                           None if o.greedy_ids is None else text(o.greedy_ids), o.greedy_ids, k)
+                    if counters is not None:
+                        remaining -= 1
+                        self.stream_counters.append({"engine": k, **counters})
+        finally:
+            if remaining:
+                self._streams.stop()
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> Generation:
         from esreason.backends.sampling import check_params
@@ -302,7 +388,10 @@ class EngineGenerator:
 
 def local_generator(engine: RequestEngine, tokenizer: Any, scorer: Any = None,
                     identity: str | None = None) -> EngineGenerator:
-    """One in-process engine."""
+    """One in-process engine (streams too when the engine has ``stream_groups``)."""
+    from esreason.backends.eval_stream import LocalStreams
+
+    streams = LocalStreams([engine]) if hasattr(engine, "stream_groups") and scorer is None else None
     return EngineGenerator(tokenizer, 1, lambda k, ids, seeds, p: engine.generate_requests(ids, seeds, p),
                            lambda outs: outs, scorer=scorer,
-                           identity=identity if identity is not None else engine.identity())
+                           identity=identity if identity is not None else engine.identity(), streams=streams)

@@ -124,26 +124,38 @@ def run_chunk(generator: Generator, tokenizer: Any, chunk: Chunk, task: Task, pr
     verdicts = score_batch(scorer, texts, golds, owners, workers)
     records = []
     for i, problem in enumerate(chunk.problems):
-        fp = problem_fingerprint(problem)
-        samples = []
-        for j in range(m):
-            r = i * m + j
-            ent = sampled.entropy_sum[r] if sampled.entropy_sum is not None else None
-            v = verdicts[r]
-            samples.append(SampleRecord.from_verdict(problem, j, False, sampled.texts[r], len(sampled.token_ids[r]),
-                                                     ent, v, vote_key(task, v, problem.gold), fp))
-        greedy_rec = None
-        if greedy is not None:
-            v = verdicts[len(rows) + i]
-            greedy_rec = SampleRecord.from_verdict(problem, 0, True, greedy.texts[i], len(greedy.token_ids[i]),
-                                                   None, v, vote_key(task, v, problem.gold), fp)
-        records.append(ProblemRecord(problem.task, problem.id, samples, greedy_rec))
+        rows = range(i * m, i * m + m)
+        records.append(problem_record(
+            problem, task, [sampled.texts[r] for r in rows], [len(sampled.token_ids[r]) for r in rows],
+            None if sampled.entropy_sum is None else [sampled.entropy_sum[r] for r in rows],
+            [verdicts[r] for r in rows],
+            None if greedy is None else (greedy.texts[i], len(greedy.token_ids[i]), verdicts[len(texts) - len(prompts) + i])))
     stats.verify_s = time.perf_counter() - t0
     stats.tokens = sampled.num_tokens + (greedy.num_tokens if greedy is not None else 0)
     stats.responses = len(texts)
     if timings is not None:
         timings.add(stats)
     return records
+
+
+def problem_record(problem: Problem, task: Task, texts: Sequence[str], num_tokens: Sequence[int],
+                   entropy: Sequence[float] | None, verdicts: Sequence[Verdict],
+                   greedy: tuple[str, int, Verdict] | None, seeds: Sequence[int] | None = None,
+                   greedy_seed: int | None = None) -> ProblemRecord:
+    """One problem's record from its M sampled responses (and greedy one): texts, token counts,
+    entropy sums, verdicts; ``seeds``: each row's request seed where an engine sampled it alone."""
+    fp = problem_fingerprint(problem)
+    samples = [SampleRecord.from_verdict(problem, j, False, texts[j], num_tokens[j],
+                                         None if entropy is None else entropy[j], verdicts[j],
+                                         vote_key(task, verdicts[j], problem.gold), fp,
+                                         None if seeds is None else seeds[j])
+               for j in range(len(texts))]
+    greedy_rec = None
+    if greedy is not None:
+        text, count, verdict = greedy
+        greedy_rec = SampleRecord.from_verdict(problem, 0, True, text, count, None, verdict,
+                                               vote_key(task, verdict, problem.gold), fp, greedy_seed)
+    return ProblemRecord(problem.task, problem.id, samples, greedy_rec)
 
 
 @dataclass

@@ -183,6 +183,13 @@ def resolve_generator(model: Any, *, batch_size: int, dtype: str, device: str | 
     return net, tokenizer, info
 
 
+def _generating_s(generator: Any) -> list[dict[str, float]] | None:
+    """Each evaluation engine's call-path counters so far (``generating_s``, ``row_s``;
+    :func:`esreason.backends.eval_pool.call_counters`), or None (no engines)."""
+    probe = getattr(generator, "call_counters", None)
+    return list(probe()) if callable(probe) else None
+
+
 def _answer_task(generator: Generator, tokenizer: Any, task: Task, scorer: Callable[[str, Any], Verdict],
                  items: Sequence[Problem], protocol: Protocol, path: Path, per_call: int,
                  progress: bool) -> tuple[ResponsesFile, Timings, int]:
@@ -221,7 +228,7 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
              data_dir: str | Path | None = None, seed: int = 0, batch_size: int = 256, split: str = "test",
              progress: bool = True, device: str | None = None, dtype: str = "float32",
              ci_resamples: int = 1000, ci_level: float = 0.95, suite: str | None = None,
-             backend: str = "hf", engines: int = 1, engines_per_gpu: int = 1) -> Summary:
+             backend: str = "hf", engines: int = 1, engines_per_gpu: int = 1, schedule: str = "auto") -> Summary:
     """Evaluate ``model`` on ``tasks`` and write the results to ``output_dir`` (resumable).
 
     model: see :func:`resolve_generator`. tasks: registry names (``esreason.tasks.names()``).
@@ -239,7 +246,13 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
         ``batch_size * engines`` rows, ``batch_size`` per engine.
     engines_per_gpu: K engines share one GPU (1/K of a GPU and of the memory reservation each;
         responses do not depend on it).
+    schedule: how engines get their rows. 'stream' (what 'auto' picks for ``backend='vllm'``): every
+        unanswered problem at once, each engine its whole share, results recorded as they complete
+        (:mod:`esreason.eval.streamed`); 'calls': one generate call of ``batch_size`` rows per engine
+        after another, as the HF sampler always runs. Same row seeds either way.
     """
+    if schedule not in ("auto", "stream", "calls"):
+        raise UserError(f"schedule must be 'auto', 'stream' or 'calls', got {schedule!r}")
     names = [tasks] if isinstance(tasks, str) else list(dict.fromkeys(tasks))
     if not names:
         raise UserError("no task given (use --tasks a,b or --suite NAME)")
@@ -261,7 +274,7 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
                                 engines=engines, engines_per_gpu=engines_per_gpu, batch_size=batch_size,
                                 dtype=dtype, device=device, limit=limit,
                                 data_dir=data_dir, split=split, progress=progress,
-                                boot=(ci_resamples, ci_level), suite=suite)
+                                boot=(ci_resamples, ci_level), suite=suite, schedule=schedule)
 
 
 def _evaluate_locked(model: Any, names: list[str], problems: dict[str, list[Problem]],
@@ -269,7 +282,7 @@ def _evaluate_locked(model: Any, names: list[str], problems: dict[str, list[Prob
                      backend: str, engines: int, engines_per_gpu: int, batch_size: int, dtype: str,
                      device: str | None,
                      limit: int | None, data_dir: str | Path | None, split: str, progress: bool,
-                     boot: tuple[int, float], suite: str | None) -> Summary:
+                     boot: tuple[int, float], suite: str | None, schedule: str = "auto") -> Summary:
     """:func:`evaluate` under the evaluation directory's lock: load the sampler, answer, summarise."""
     generator, tokenizer, model_info = _backend_generator(model, backend, engines, batch_size=batch_size,
                                                           dtype=dtype, device=device,
@@ -277,9 +290,13 @@ def _evaluate_locked(model: Any, names: list[str], problems: dict[str, list[Prob
     try:
         rows = batch_size * (engines if backend == "vllm" else 1)
         sampler = {"backend": backend, "engines": engines}
+        can_stream = bool(getattr(generator, "can_stream", False))
+        if schedule == "stream" and not can_stream:
+            raise UserError("schedule 'stream' needs evaluation engines (backend 'vllm'); the HF sampler runs by calls")
         return _evaluate(generator, tokenizer, model_info, names, problems, sources, out_dir, protocol, ks,
                          rows=rows, sampler=sampler, limit=limit, data_dir=data_dir, split=split,
-                         progress=progress, boot=boot, suite=suite)
+                         progress=progress, boot=boot, suite=suite,
+                         streamed=can_stream and schedule != "calls")
     finally:
         close = getattr(generator, "close", None)
         if backend == "vllm" and callable(close):
@@ -310,7 +327,7 @@ def _evaluate(generator: Generator, tokenizer: Any, model_info: dict[str, Any], 
               problems: dict[str, list[Problem]], sources: dict[str, str | None], out_dir: Path,
               protocol: Protocol, ks: tuple[int, ...], *, rows: int, sampler: dict[str, Any], limit: int | None,
               data_dir: str | Path | None, split: str, progress: bool, boot: tuple[int, float],
-              suite: str | None) -> Summary:
+              suite: str | None, streamed: bool = False) -> Summary:
     """The body of :func:`evaluate` once the generator runs (``rows``: rows per generate call)."""
     samples, seed = protocol.samples, protocol.seed
     current = {"protocol": protocol.as_dict(), "split": split, "model": model_info}
@@ -330,7 +347,8 @@ def _evaluate(generator: Generator, tokenizer: Any, model_info: dict[str, Any], 
     task_info = dict((stored or {}).get("tasks", {}))
     task_info.update({t: {"data": sources[t], "problems_requested": len(problems[t])} for t in names})
     manifest.update({"kind": MANIFEST_KIND, "protocol": protocol.as_dict(), "split": split, "model": model_info,
-                     "batch_size": rows, "sampler": sampler, "tasks": task_info})
+                     "batch_size": rows, "sampler": sampler, "tasks": task_info,
+                     "schedule": "stream" if streamed else "calls"})
     out_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(out_dir, manifest)
 
@@ -339,11 +357,39 @@ def _evaluate(generator: Generator, tokenizer: Any, model_info: dict[str, Any], 
     tables: dict[str, list[dict[str, float | None]]] = {}
     timings: dict[str, Any] = {}
     total = Timings()
+    engine_s = _generating_s(generator)
+    t_answer = time.perf_counter()
+    answered: dict[str, tuple[ResponsesFile, Timings, int]] = {}
+    stream_record: dict[str, Any] = {"schedule": "calls"}
+    if streamed:
+        from esreason.eval.streamed import answer_streamed
+
+        def bar(count: int, initial: int) -> Any:
+            return progress_bar(count, ",".join(names), disable=None if progress else True, initial=initial)
+
+        files, stats_by, done_by, stream_record = answer_streamed(
+            generator, tokenizer, names, problems, scorers, protocol,
+            {n: out_dir / n / RESPONSES_FILE for n in names}, per_call, bar)
+        answered = {n: (files[n], stats_by[n], done_by[n]) for n in names}
+    else:
+        for name in names:
+            task, scorer = scorers.get(name)
+            answered[name] = _answer_task(generator, tokenizer, task, scorer, problems[name], protocol,
+                                          out_dir / name / RESPONSES_FILE, per_call, progress)
+        if engine_s is not None:  # the call path's engines: seconds inside generate over the answering wall
+            wall = time.perf_counter() - t_answer
+            stream_record["wall_s"] = round(wall, 4)
+            stream_record["engines"] = [
+                {"engine": k, "active_s": round(b["generating_s"] - a["generating_s"], 4),
+                 "row_s": round(b["row_s"] - a["row_s"], 4),
+                 "mean_rows_in_flight": round((b["row_s"] - a["row_s"]) / (b["generating_s"] - a["generating_s"]), 2)
+                 if b["generating_s"] > a["generating_s"] else None,
+                 "generating_fraction": round((b["generating_s"] - a["generating_s"]) / wall, 4) if wall else None}
+                for k, (a, b) in enumerate(zip(engine_s, _generating_s(generator) or engine_s))]
     for name in names:
         task, scorer = scorers.get(name)
         items = problems[name]
-        responses, stats, done = _answer_task(generator, tokenizer, task, scorer, items, protocol,
-                                              out_dir / name / RESPONSES_FILE, per_call, progress)
+        responses, stats, done = answered[name]
         t0 = time.perf_counter()
         records = [responses.record(p.id) for p in items]
         tables[name] = task_table(records, ks, equivalence(task), default_workers(task.verifier))
@@ -351,7 +397,7 @@ def _evaluate(generator: Generator, tokenizer: Any, model_info: dict[str, Any], 
         timings[name] = {**stats.as_dict(), "aggregate_s": round(time.perf_counter() - t0, 4),
                          "problems_resumed": done}
         total.add(stats)
-    timings["total"] = total.as_dict()
+    timings["total"] = {**total.as_dict(), **stream_record}
 
     names_m = metric_names(ks, samples, protocol.greedy)
     ci_resamples, ci_level = boot

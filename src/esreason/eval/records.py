@@ -114,6 +114,9 @@ class SampleRecord:
     num_tokens: generated tokens (stop token excluded).
     entropy_sum: sum over those tokens of the token-level entropy (nats), None if not measured.
     vote: the normalised answer Maj@K votes for (:mod:`esreason.eval.answers`), None = abstain.
+    request_seed: the row's own sampling seed where an engine sampled it alone with that seed (the
+        streamed engine path, :mod:`esreason.backends.eval_stream`); None where a call's seed drove a
+        batch (the HF sampler).
     """
 
     task: str
@@ -131,16 +134,18 @@ class SampleRecord:
     vote: str | None
     fingerprint: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    request_seed: int | None = None
 
     @classmethod
     def from_verdict(cls, problem: Problem, sample: int, greedy: bool, text: str, num_tokens: int,
                      entropy_sum: float | None, verdict: Verdict, vote: str | None,
-                     fingerprint: str) -> "SampleRecord":
+                     fingerprint: str, request_seed: int | None = None) -> "SampleRecord":
         return cls(task=problem.task, problem_id=problem.id, sample=sample, greedy=greedy, text=text,
                    num_tokens=int(num_tokens), entropy_sum=None if entropy_sum is None else float(entropy_sum),
                    extracted=verdict.extracted, correct=bool(verdict.correct), reward=float(verdict.reward),
                    reason=verdict.reason, formatted=bool(verdict.formatted), vote=vote,
-                   fingerprint=fingerprint, extra=_small_extra(verdict.extra))
+                   fingerprint=fingerprint, extra=_small_extra(verdict.extra),
+                   request_seed=None if request_seed is None else int(request_seed))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)

@@ -171,6 +171,21 @@ class ResponsesFile:
             os.fsync(fh.fileno())
 
 
+    def rewrite_in_order(self, problem_ids: Sequence[str]) -> None:
+        """Rewrite the file (atomically) with the problems in ``problem_ids`` order, each problem's
+        samples in sample order and its greedy line last; problems not listed keep their lines after
+        them. The streamed path appends problems as engines finish them; this makes the finished file
+        independent of that order."""
+        order = list(dict.fromkeys(problem_ids)) + [p for p in self._by_problem if p not in set(problem_ids)]
+        lines = []
+        for pid in order:
+            stored = self._by_problem.get(pid, {})
+            lines += [stored[k] for k in sorted(stored, key=lambda k: (k[0], k[1]))]
+        text = "".join(r.to_json() + "\n" for r in lines)
+        if not self.path.exists() or self.path.read_text(encoding="utf-8") != text:
+            atomic_write_text(self.path, text)
+
+
 # --------------------------------------------------------------------------- manifest
 
 

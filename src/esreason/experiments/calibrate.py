@@ -13,7 +13,9 @@ constants from the records that run writes anyway:
 - **evaluation** (``eval/<m>/summary.json``): seconds per generate call of each task
   (``timings.<task>.generate_s / generate_calls``: one call is ``eval.batch_size // samples``
   problems x samples rows, or their greedy call) and verification + aggregation per problem;
-  averaged over the calibration's evaluated models.
+  averaged over the calibration's evaluated models. Streamed evaluation (vLLM engines,
+  :mod:`esreason.eval.streamed`) reports each task's share of the stream as ``generate_s`` over the
+  calls its problems fill, and its verification overlaps generation (not counted again).
 - **start**: a stage's measured wall time (the runner's ``timings``) minus what the above
   explain -- process work before the first update (model and task loading, imports on first use),
   the first update's excess over the others (warm-up), and writing the run's records.
@@ -205,14 +207,17 @@ def _eval_rates(exp: Path, record: dict[str, Any]) -> EvalRates:
     starts = []
     for name in record["methods"]:
         summary = json.loads((exp / "eval" / name / "summary.json").read_text())
+        # streamed (eval.streamed): verification overlaps generation, inside each task's generate_s share
+        overlapped = summary["timings"].get("total", {}).get("schedule") == "stream"
         explained = 0.0
         for task, t in summary["timings"].items():
             if task == "total":
                 continue
             calls.setdefault(task, []).append(t["generate_s"] / max(1, t["generate_calls"]))
             problems = max(1, t["responses"] // (summary["protocol"]["samples"] + (1 if summary["protocol"].get("greedy") else 0)))
-            verify.setdefault(task, []).append((t["verify_s"] + t.get("aggregate_s", 0.0)) / problems)
-            explained += t["generate_s"] + t["verify_s"] + t.get("aggregate_s", 0.0)
+            serial = t.get("aggregate_s", 0.0) + (0.0 if overlapped else t["verify_s"])
+            verify.setdefault(task, []).append(serial / problems)
+            explained += t["generate_s"] + serial
         starts.append(record["timings"][f"eval/{name}"] - explained)
     return EvalRates(start_s=max(0.0, statistics.fmean(starts)),
                      call_s={k: statistics.fmean(v) for k, v in calls.items()},

@@ -15,11 +15,11 @@ wall time is the sum of named terms (``stages[].terms_s``; issue 24), modelled o
   decode step is K / speedup times as long (``plan_table.shared_gpu_speedup``), the K engines of a
   GPU share its HBM for the update, and evaluation decode stays at the GPU's many-row rate.
 - **decode**: the generated tokens at the table's throughput (mean response length).
-- **tail**: a synchronous call waits for its longest row. An ES member's B prompts, a GRPO
-  process's share of a rollout batch and an evaluation call (``eval.batch_size // samples``
-  problems x samples rows per engine, then a greedy call of the same problems) each take
-  ``E[longest of n]`` decode steps (lognormal lengths with the family's mean and spread, capped at
-  ``max_new_tokens``; ``plan_table.expected_longest``; with ``--lengths DIR`` the lengths a run
+- **tail**: a synchronous call waits for its longest row. An ES member's B prompts and a GRPO
+  process's share of a rollout batch each take ``E[longest of n]`` decode steps; a vLLM evaluation
+  streams (eval.streamed: each engine its whole share at once, rows refilled as they finish), so it
+  waits once per engine, for the longest of its last wave of ``STREAM_WAVE`` rows (lognormal
+  lengths with the family's mean and spread, capped at ``max_new_tokens``; ``plan_table.expected_longest``; with ``--lengths DIR`` the lengths a run
   recorded, :mod:`esreason.experiments.lengths`) of at least one memory-bound step each
   (64 / the ``vllm64`` rate); the tail is that minus the mean-length share charged as decode.
 - **entropy**: the evaluation's teacher-forced entropy pass forwards each problem's prompt once and
@@ -331,10 +331,16 @@ def _mbpp_s(ctx: _Ctx, per_problem: int) -> float:
     return _problems(ctx, ["mbpp"], p.limit) * per_problem * ctx.over("mbpp_exec_s") / ctx.over("verify_workers")
 
 
+#: Rows a vLLM engine decodes at once at the end of a streamed evaluation (vLLM's default
+#: ``max_num_seqs``): the last wave whose longest row the engine waits for.
+STREAM_WAVE = 256
+
+
 def _eval_stage(ctx: _Ctx, name: str) -> Stage:
-    """Evaluation as the code runs it (eval.harness): per engine, calls of ``batch_size // samples``
-    problems x ``samples`` rows, each waiting for its longest row, then a separate greedy call of the
-    same problems, then the entropy pass over prompt + response of every sampled row (vLLM path)."""
+    """Evaluation as the code runs it (eval.harness). vLLM engines: streamed (eval.streamed), every
+    engine gets its share of problems x (samples + greedy) rows at once and keeps its batch full; it
+    waits once, at the end, for the longest row of its last wave (``STREAM_WAVE`` rows); the entropy
+    pass covers each prompt once and every sampled response. HF sampler: calls, as before."""
     p = ctx.spec.eval
     per_problem = p.samples + (1 if p.greedy else 0)
     problems = _problems(ctx, p.tasks, p.limit)
@@ -348,12 +354,9 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
                              f"planned with {engines}")
         gpus_used = -(-engines // per_gpu)
         slow = ctx.slowdown(per_gpu)
-        per_call = max(1, p.batch_size // p.samples)  # problems per call and engine
         per_engine = math.ceil(problems / engines)
-        calls = math.ceil(per_engine / per_call)  # generate calls of one engine
-        tail = calls * ctx.batch_tail(per_call * p.samples, p.max_new_tokens) * slow
-        if p.greedy:
-            tail += calls * ctx.batch_tail(per_call, p.max_new_tokens) * slow
+        wave = min(per_engine * per_problem, STREAM_WAVE)  # streamed: one drain at the end per engine
+        tail = ctx.batch_tail(wave, p.max_new_tokens) * slow
         mean = ctx.length(p.max_new_tokens)
         scored = sum(_problems(ctx, [t], p.limit) * (ctx.note(tab.prompt_tokens(t)) + p.samples * mean)
                      for t in p.tasks)  # each prompt once for its samples (shared), every response token
