@@ -205,8 +205,8 @@ def test_streamed_evaluation_keeps_every_engine_generating_and_beats_calls():
     unfinished rows), the stream is faster, and both give the same responses."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_CPU_KVCACHE_SPACE": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    proc = subprocess.run([_python(), str(REPO / "benchmarks" / "eval_stream.py"), "--engines", "2", "--limit", "32",
-                           "--repeats", "2"], env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run([_python(), str(REPO / "benchmarks" / "eval_stream.py"), "--engines", "2", "--limit", "64",
+                           "--repeats", "1"], env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     print("TWIN " + json.dumps(got), flush=True)

@@ -4,7 +4,7 @@ The call-by-call evaluation (:meth:`esreason.backends.vllm_eval.EngineGenerator.
 every engine wait, call after call, for the longest row of the call, then for its greedy call, its
 entropy pass and the driver's verification. Streamed, the harness hands over every unanswered
 problem at once as a :class:`RequestGroup` (one prompt; its M sampled rows, one request seed each;
-its greedy row), the driver splits the groups into one contiguous share per engine, and:
+its greedy row), the driver deals the groups into one share per engine, and:
 
 - a vLLM engine adds every row of its share to its ``LLMEngine`` and steps it until none is left
   (vLLM schedules continuously: a finished row's slot is refilled at once). A group whose rows
@@ -84,15 +84,11 @@ class StreamCounters:
 
 
 def split_groups(groups: Sequence[RequestGroup], engines: int) -> list[list[RequestGroup]]:
-    """Contiguous shares, sizes differing by at most one group (empty shares dropped)."""
-    base, extra = divmod(len(groups), max(1, engines))
-    shares, start = [], 0
-    for k in range(max(1, engines)):
-        end = start + base + (1 if k < extra else 0)
-        if end > start:
-            shares.append(list(groups[start:end]))
-        start = end
-    return shares
+    """One share per engine, group i to engine i mod E (empty shares dropped). Dealt round-robin, not
+    in blocks: the groups come task by task, and tasks differ in response length, so blocks would
+    give one engine the long task and leave the other idle at the end."""
+    e = max(1, engines)
+    return [list(groups[k::e]) for k in range(e) if groups[k::e]]
 
 
 # ----------------------------------------------------------------------------- engines

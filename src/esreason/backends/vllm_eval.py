@@ -315,8 +315,8 @@ class EngineGenerator:
         return self._streams is not None
 
     def stream(self, jobs: Sequence[Any], params: SamplingParams, poll_s: float = 5.0) -> Any:
-        """Every job (:class:`esreason.backends.eval_stream.StreamJob`: one problem) at once, split
-        into one contiguous share per engine; yields a :class:`~esreason.backends.eval_stream.StreamResult`
+        """Every job (:class:`esreason.backends.eval_stream.StreamJob`: one problem) at once, dealt
+        into one share per engine (round-robin); yields a :class:`~esreason.backends.eval_stream.StreamResult`
         per problem as its engine finishes it (module doc of :mod:`esreason.backends.eval_stream`).
         Closing the iterator early stops every engine's stream."""
         from esreason.backends.eval_stream import RequestGroup, StreamResult, split_groups
