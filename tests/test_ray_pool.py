@@ -64,22 +64,27 @@ def test_more_engines_than_resources(ray_local, demo_policy):
     assert ray_local.is_initialized()  # the pool did not stop a Ray instance it did not start
 
 
-def test_two_engines_on_one_gpu_give_the_rewards_of_two_gpus(ray_local, demo_policy):
-    """``engines_per_gpu`` placement (issue 24, item 5) through Ray's fractional GPUs: ray_local declares
-    2 GPUs; engines of 1/2 GPU share one, engines of 1 GPU take one each. HF engines compute on the
-    CPU, so this pins the pool's placement and that placement changes no result (the vLLM twin:
-    tests/test_vllm_engines_per_gpu.py). Runs before the module's ``pooled`` engines take the CPUs."""
+def _step_inputs(policy, population_seed: int, first_seed: int):
+    """One ES step's inputs on 4 demo-add problems: prompts, golds, scorer, a population of 4 and
+    one sampling seed per member."""
     from esreason import tasks, verifiers
     from esreason.backends.base import SamplingParams
     from esreason.es.population import draw_population
 
     task = tasks.get("demo-add")
     problems = task.load("train", None, 4)
-    prompts = [tasks.render_prompt(demo_policy.tokenizer, p.messages) for p in problems]
-    golds = [p.gold for p in problems]
-    scorer = verifiers.get(task.verifier)
-    pop = draw_population(5, 0, 4, "one_point")
-    params = [SamplingParams(max_new_tokens=48, temperature=0.7, seed=21 + i) for i in range(4)]
+    prompts = [tasks.render_prompt(policy.tokenizer, p.messages) for p in problems]
+    params = [SamplingParams(max_new_tokens=48, temperature=0.7, seed=first_seed + i) for i in range(4)]
+    return (prompts, [p.gold for p in problems], verifiers.get(task.verifier),
+            draw_population(population_seed, 0, 4, "one_point"), params)
+
+
+def test_two_engines_on_one_gpu_give_the_rewards_of_two_gpus(ray_local, demo_policy):
+    """``engines_per_gpu`` placement (issue 24, item 5) through Ray's fractional GPUs: ray_local declares
+    2 GPUs; engines of 1/2 GPU share one, engines of 1 GPU take one each. HF engines compute on the
+    CPU, so this pins the pool's placement and that placement changes no result (the vLLM twin:
+    tests/test_vllm_engines_per_gpu.py). Runs before the module's ``pooled`` engines take the CPUs."""
+    prompts, golds, scorer, pop, params = _step_inputs(demo_policy, population_seed=5, first_seed=21)
     options = HFEngineOptions.from_config(tiny_es_cfg(), threads=1)
     placed, results = {}, {}
     for layout, kwargs in (("two GPUs", {"gpus": 1.0}), ("one GPU", {"gpus_if_declared": 0.5})):
@@ -198,19 +203,10 @@ def test_drifted_engine_is_rebroadcast(pooled):
 
 def test_killed_engine_mid_step_gives_the_same_result(pooled):
     _, demo_policy, pool = pooled
-    from esreason import tasks, verifiers
-    from esreason.backends.base import SamplingParams
     from esreason.backends.sampling import Sampler
     from esreason.es_loop.evaluate import evaluate_population
-    from esreason.es.population import draw_population
 
-    task = tasks.get("demo-add")
-    problems = task.load("train", None, 4)
-    prompts = [tasks.render_prompt(demo_policy.tokenizer, p.messages) for p in problems]
-    golds = [p.gold for p in problems]
-    scorer = verifiers.get(task.verifier)
-    pop = draw_population(3, 0, 4, "one_point")
-    params = [SamplingParams(max_new_tokens=48, temperature=0.7, seed=11 + i) for i in range(4)]
+    prompts, golds, scorer, pop, params = _step_inputs(demo_policy, population_seed=3, first_seed=11)
     expected = evaluate_population(demo_policy, Sampler(demo_policy.model, demo_policy.tokenizer), pop, 0.003,
                                    prompts, golds, scorer, params)
 
