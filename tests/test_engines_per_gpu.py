@@ -37,7 +37,7 @@ def test_config_keys_are_checked_with_their_names():
     assert _cfg("device=cuda", "backend.engines_per_gpu=4").backend.engines_per_gpu == 4  # auto -> vLLM on GPUs
     with pytest.raises(ConfigError, match=r"backend.engines_per_gpu.*must be >= 1"):
         _cfg("backend.engines_per_gpu=0")
-    with pytest.raises(ConfigError, match=r"backend.engines_per_gpu.*need backend.type=ray"):
+    with pytest.raises(ConfigError, match=r"backend.engines_per_gpu.*need backend.type=ray with vLLM engines"):
         load_config(None, ["model=demo", "backend.type=hf", "backend.engines_per_gpu=2"])
     with pytest.raises(ConfigError, match=r"backend.engines_per_gpu.*HF engines on the CPU"):
         _cfg("backend.engines_per_gpu=2")  # auto on the CPU: HF engines, which do not share GPUs

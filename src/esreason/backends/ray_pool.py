@@ -47,42 +47,11 @@ from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberO
                                       policy_noise_domain, policy_state, remove_shared_state, state_key)
 from esreason.backends.engine_env import (engine_start_timeout, gpu_share, gpu_start_lock, pin_visible_gpu,
                                           ray_gpu_assignment)
+from esreason.backends.ray_connect import check_address, import_ray  # noqa: F401 (import_ray re-exported)
 from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
-
-RAY_EXTRA_HINT = "pip install 'esreason[ray]'"
-
-
-def import_ray() -> Any:
-    """``import ray`` or a UserError naming the extra."""
-    try:
-        import ray
-    except ImportError:
-        raise UserError(f"backend.type=ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
-    return ray
-
-
-def check_address(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast with a UserError when a Ray address ('host:port' or 'ray://host:port') is unreachable.
-
-    'auto' and 'local' are left to Ray. Ray itself retries an unreachable GCS for a long time.
-    """
-    if address in ("auto", "local"):
-        return
-    hostport = address.split("://", 1)[1] if "://" in address else address
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise UserError(f"config key 'backend.ray_address': expected 'host:port', 'ray://host:port' or 'auto' "
-                        f"(got {address!r})")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        raise UserError(f"config key 'backend.ray_address': cannot reach a Ray cluster at {address!r} "
-                        f"({exc.strerror or exc}); start one with `ray start --head` or fix the address") from None
-
 
 def build_engine(kind: str, options: Any, state: StateFiles) -> Engine:
     """The engine of ``kind`` ('hf' or 'vllm') built from checkpoint files."""

@@ -42,18 +42,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from esreason.backends.base import Generation, SamplingParams
+from esreason.backends.request_rows import RequestOutput, sampler_generate_requests
+from esreason.backends.request_rows import strip_stop as _strip_stop
 from esreason.backends.vllm import import_vllm, request_seeds
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """What an engine returns for its block of rows (token ids without the stop token)."""
-
-    token_ids: list[list[int]]
-    entropy_sum: list[float] | None
-
 
 class RequestEngine(Protocol):
     """The small interface an evaluation engine implements (in-process or inside a Ray actor)."""
@@ -87,14 +81,6 @@ class EvalEngineOptions:
     sets it on machines without CUDA, where graphs do not apply)."""
     batch_size: int = 256
     """HF engine: sampler rows per forward (rows are sampled one seed at a time)."""
-
-
-def _strip_stop(ids: Sequence[int], finish_reason: str | None, eos: set[int]) -> list[int]:
-    """vLLM keeps the EOS id in ``token_ids``; the sampler's convention drops it."""
-    out = list(ids)
-    if finish_reason == "stop" and out and out[-1] in eos:
-        out.pop()
-    return out
 
 
 def eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
@@ -217,21 +203,6 @@ class HFEvalEngine:
 
     def identity(self) -> str:
         return _identity(self.model)
-
-
-def sampler_generate_requests(sampler: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
-                              params: SamplingParams) -> RequestOutput:
-    """Row i sampled by the HF sampler alone with seed ``seeds[i]`` (entropy from the sampler itself)."""
-    ids: list[list[int]] = []
-    ents: list[float] = []
-    for row, seed in zip(prompt_ids, seeds):
-        gen = sampler.generate_ids([row], SamplingParams(
-            max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-            seed=int(seed), compute_entropy=params.compute_entropy))
-        ids.append(gen.token_ids[0])
-        if gen.entropy_sum is not None:
-            ents.append(gen.entropy_sum[0])
-    return RequestOutput(ids, ents if params.compute_entropy else None)
 
 
 def engine_generate_requests(engine: Any, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from esreason.experiments.sweep_command import register as register_sweep
 
     register_sweep(actions)
-    from esreason.experiments.plan import register as register_plan
+    from esreason.experiments.plan_command import register as register_plan
 
     register_plan(actions)
     return parser

@@ -45,15 +45,13 @@ With ``seeds``, every trained method is planned once per seed and the base model
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from esreason.errors import UserError
-from esreason.experiments import memplan
+from esreason.experiments import memplan, memplan_host
 from esreason.experiments import plan_table as tab
 from esreason.experiments.plan_render import render
 from esreason.experiments.spec import ExperimentSpec, run_stages
@@ -260,7 +258,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         trainer_gpu = ctx.const("trainer_gpu_gib")
         return Stage(name, where, responses + heldout, round(tokens), gpus_used, wall / 3600, memory,
                      roles=lambda gib: memplan.es_roles(cfg, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [],
-                     host=lambda gib: memplan.es_host(cfg, engines, gib, frac, updates), terms=terms,
+                     host=lambda gib: memplan_host.es_host(cfg, engines, gib, frac, updates), terms=terms,
                      gpus_held=ctx.gpus)
     # The HF sampler's rate is a throughput figure without a step model: no separate tail term.
     terms = {"start": ctx.over("trainer_start_s"), "decode": tokens / ctx.rate("hf"),
@@ -272,7 +270,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     where = f"HF transformers sampler, in-process ({be.type}), 1 GPU, members one {'batch' if be.type == 'batched' else 'at a time'}"
     return Stage(name, where, responses + heldout, round(tokens), 1, wall / 3600, {"trainer": trainer},
                  roles=lambda gib: memplan.es_roles(cfg, 1, gib, 0.0, 0.0) if _on_gpu(cfg) else [],
-                 host=lambda gib: memplan.es_host(cfg, 1, gib, 0.0, updates), terms=terms, gpus_held=ctx.gpus)
+                 host=lambda gib: memplan_host.es_host(cfg, 1, gib, 0.0, updates), terms=terms, gpus_held=ctx.gpus)
 
 
 def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
@@ -320,7 +318,7 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     return Stage(name, f"{layout}; {rollouts}", responses + heldout, round(rollout_tokens + heldout_tokens), procs,
                  sum(terms.values()) / 3600, memory, terms=terms, gpus_held=ctx.gpus,
                  roles=lambda gib: memplan.run_config_roles(cfg, procs, gib),  # sharding as the launcher picks on that GPU
-                 host=lambda gib: memplan.grpo_host(cfg, procs, memplan.pick_sharding(cfg, procs, gib), updates))
+                 host=lambda gib: memplan_host.grpo_host(cfg, procs, memplan.pick_sharding(cfg, procs, gib), updates))
 
 
 def _mbpp_s(ctx: _Ctx, per_problem: int) -> float:
@@ -370,7 +368,7 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
         where = f"{engines} vLLM engine{'s' if engines > 1 else ''} ({share}) + teacher-forced entropy pass"
         return Stage(name, where, responses, round(tokens), gpus_used, sum(terms.values()) / 3600,
                      {"engine": frac * ctx.gpu["memory_gib"]}, roles=lambda gib: _eval_roles(ctx, gib),
-                     host=lambda gib: memplan.eval_host(ctx.spec, engines), terms=terms, gpus_held=ctx.gpus)
+                     host=lambda gib: memplan_host.eval_host(ctx.spec, engines), terms=terms, gpus_held=ctx.gpus)
     # The HF sampler scores entropy while it samples: no separate pass.
     terms = {"start": ctx.over("trainer_start_s"), "decode": tokens / ctx.rate("hf"), "mbpp": _mbpp_s(ctx, per_problem)}
     if ctx.gpus > 1:
@@ -379,7 +377,7 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
                          "per GPU (CUDA_VISIBLE_DEVICES=i) over disjoint --tasks")
     return Stage(name, "HF transformers sampler, 1 GPU", responses, round(tokens), 1,
                  sum(terms.values()) / 3600, {"model": 2 * ctx.params / GIB}, roles=lambda gib: _eval_roles(ctx, gib),
-                 host=lambda gib: memplan.eval_host(ctx.spec, 1), terms=terms, gpus_held=ctx.gpus)
+                 host=lambda gib: memplan_host.eval_host(ctx.spec, 1), terms=terms, gpus_held=ctx.gpus)
 
 
 def _on_gpu(cfg: Any) -> bool:
@@ -442,7 +440,7 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any 
         "total_gpu_hours": round(sum(s.gpu_hours for s in stages), 2),
         "wall_hours": round(sum(s.wall_hours for s in stages), 2),
         "assumptions": [a.as_dict() for a in ctx.used.values()],
-        "host_terms": {k: {"value": v, "unit": u, "source": src} for k, (v, u, src) in memplan.HOST_TERMS.items()},
+        "host_terms": {k: {"value": v, "unit": u, "source": src} for k, (v, u, src) in memplan_host.HOST_TERMS.items()},
         "notes": ctx.notes,
     }
 
@@ -465,45 +463,4 @@ def hf_only(spec: ExperimentSpec) -> ExperimentSpec:
     return dataclasses.replace(spec, es=es, grpo=grpo, eval=dataclasses.replace(spec.eval, backend="hf", engines=1))
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from esreason.experiments.spec import load_spec
-
-    spec = load_spec(args.file, args.set or [])
-    if args.calibrate:  # this machine's constants, measured by a short run (experiments.calibrate)
-        from esreason.experiments.calibrate import calibrate_and_print
-
-        calibrate_and_print(spec, args.json)
-        return 0
-    if args.gpus is None:
-        raise UserError("--gpus: required (the node's GPUs), unless --calibrate plans this machine")
-    if args.hf_only:
-        spec = hf_only(spec)
-    lengths = None
-    if args.lengths:
-        from esreason.experiments.lengths import read_lengths
-
-        lengths = read_lengths(args.lengths)
-    plan = build_plan(spec, args.gpus, args.gpu_type, lengths)
-    print(json.dumps(plan, indent=2) if args.json else render(plan))
-    return 0
-
-
-def register(actions: Any) -> argparse.ArgumentParser:
-    p = actions.add_parser("plan", help="what each stage of `experiment run` runs where, its tokens, wall time, "
-                                        "GPU-hours and memory per GPU (nothing is run)")
-    p.add_argument("file", help="experiment YAML (e.g. configs/experiments/easy.yaml)")
-    p.add_argument("--gpus", type=int, help="GPUs of the node (required without --calibrate)")
-    p.add_argument("--calibrate", action="store_true", help="measure this machine's constants in a short run of "
-                   "the experiment on this machine (its own backends: HF, vLLM, Ray, accelerate) and plan it with them")
-    p.add_argument("--gpu-type", default="h100", choices=sorted(tab.GPUS), help="GPU type (default: h100)")
-    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    p.add_argument("--hf-only", action="store_true",
-                   help="project the same experiment with every generation on the HF sampler")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, as `experiment run --set`")
-    p.add_argument("--lengths", metavar="DIR", help="plan decode and tails with the response lengths recorded under "
-                                                    "DIR (an eval or experiment directory) instead of the table's")
-    p.set_defaults(func=_cmd_plan)
-    return p
-
-
-__all__ = ["Stage", "build_plan", "hf_only", "register", "render"]
+__all__ = ["Stage", "build_plan", "hf_only", "render"]

@@ -1,0 +1,42 @@
+"""Reaching Ray: importing it (the ``ray`` extra) and checking a cluster address before Ray's own
+long retries. Used by the engine pools (:mod:`esreason.backends.ray_pool`,
+:mod:`esreason.backends.eval_pool`); Ray is imported lazily, here only.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from esreason.errors import UserError
+
+RAY_EXTRA_HINT = "pip install 'esreason[ray]'"
+
+
+def import_ray() -> Any:
+    """``import ray`` or a UserError naming the extra."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError(f"backend.type=ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from None
+    return ray
+
+
+def check_address(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast with a UserError when a Ray address ('host:port' or 'ray://host:port') is unreachable.
+
+    'auto' and 'local' are left to Ray. Ray itself retries an unreachable GCS for a long time.
+    """
+    if address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserError(f"config key 'backend.ray_address': expected 'host:port', 'ray://host:port' or 'auto' "
+                        f"(got {address!r})")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise UserError(f"config key 'backend.ray_address': cannot reach a Ray cluster at {address!r} "
+                        f"({exc.strerror or exc}); start one with `ray start --head` or fix the address") from None
