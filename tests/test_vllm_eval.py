@@ -127,6 +127,47 @@ def test_two_evaluation_engines_share_one_gpu(ray_local, demo):
     assert EvalEngineOptions.gpu_memory_utilization / 2 == pytest.approx(0.3)
 
 
+def test_an_engine_dying_mid_stream_fails_clearly_and_the_rerun_completes(ray_local, tmp_path, monkeypatch):
+    """(Before the module's engines take the 2 CPUs.) One of two streaming engines is killed once the
+    first problem is recorded: the evaluation stops with one error naming the engine, what was
+    recorded stays, and the rerun (fresh engines) completes with exactly one row per (problem, sample)."""
+    import ray
+
+    from esreason.backends import eval_pool
+    from esreason.eval import results
+    from esreason.eval.harness import evaluate
+
+    real_build = eval_pool.build_eval_generator
+    built = []
+
+    def build(model, **kw):
+        out = real_build(model, kind="hf", **kw)
+        built.append(out[0])
+        return out
+
+    monkeypatch.setattr(eval_pool, "build_eval_generator", build)
+    real_append = results.ResponsesFile.append
+
+    def append_then_kill(self, records):
+        real_append(self, records)
+        if len(built) == 1 and not getattr(built[0], "_killed", False):
+            built[0]._killed = True
+            ray.kill(built[0]._streams.actors[1], no_restart=True)
+
+    monkeypatch.setattr(results.ResponsesFile, "append", append_then_kill)
+    kw = dict(samples=2, limit=6, max_new_tokens=48, greedy=False, progress=False, ci_resamples=0, batch_size=4)
+    with pytest.raises(RuntimeError, match="evaluation engine 1 died during the stream"):
+        evaluate("demo", ["demo-add"], output_dir=tmp_path / "e", backend="vllm", engines=2, **kw)
+    recorded = _rows(tmp_path / "e" / "demo-add" / "responses.jsonl")
+    assert 2 <= len(recorded) < 12 and len(recorded) % 2 == 0
+    monkeypatch.setattr(results.ResponsesFile, "append", real_append)
+    evaluate("demo", ["demo-add"], output_dir=tmp_path / "e", backend="vllm", engines=2, **kw)
+    rows = _rows(tmp_path / "e" / "demo-add" / "responses.jsonl")
+    keys = [(r["problem_id"], r["sample"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 12
+    assert all(r in rows for r in recorded)  # the recorded rows were kept as they were
+
+
 @pytest.fixture(scope="module")
 def engine_generators(ray_local):
     """{1: one in-process HF engine, 2: two HF engines as Ray actors} (each: generator, tokenizer, info)."""

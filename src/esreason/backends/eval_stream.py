@@ -395,12 +395,23 @@ class RayStreams:
         out = []
         for ref in ready:
             k = self.pending.pop(ref)
-            outs, counters = self.ray.get(ref)
+            try:
+                outs, counters = self.ray.get(ref)
+            except self.ray.exceptions.RayActorError as exc:
+                text = str(exc).strip()
+                raise RuntimeError(f"evaluation engine {k} died during the stream "
+                                   f"({text.splitlines()[-1] if text else type(exc).__name__}); the problems "
+                                   "already recorded stay: rerun the command to resume") from None
             if counters is None:
                 self.pending[self.actors[k].take.remote(self.take_timeout_s)] = k
             out.append((k, outs, counters))
         return out
 
     def stop(self) -> None:
-        self.ray.get([a.stop_stream.remote() for a in self.actors])
+        """Stop every engine's stream (an engine already dead is skipped: the caller's error stands)."""
+        for actor in self.actors:
+            try:
+                self.ray.get(actor.stop_stream.remote(), timeout=120)
+            except self.ray.exceptions.RayError:
+                pass
         self.pending.clear()
