@@ -31,7 +31,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from esreason.backends.base import SamplingParams
@@ -348,7 +348,6 @@ class StreamResult:
     greedy_text: str | None
     greedy_ids: list[int] | None
     engine: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class LocalStreams:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from esreason.backends.base import SamplingParams
 from esreason.eval.collect import Timings, TaskScorers, call_seed, plan_chunks, problem_record
-from esreason.eval.records import Protocol
+from esreason.eval.records import Protocol, problem_fingerprint
 from esreason.eval.results import ResponsesFile
 from esreason.eval.verify import default_workers, score_batch
 from esreason.tasks.base import Problem, render_prompt
@@ -60,8 +60,6 @@ def answer_streamed(generator: Any, tokenizer: Any, names: Sequence[str], proble
     files, done, jobs = {}, {}, []
     for name in names:
         files[name] = ResponsesFile(paths[name], protocol)
-        from esreason.eval.records import problem_fingerprint
-
         files[name].check_fingerprints({p.id: problem_fingerprint(p) for p in problems[name]})
         done[name] = sum(files[name].is_complete(p.id) for p in problems[name])
         jobs += stream_jobs(tokenizer, name, problems[name], files[name], protocol, per_call)
