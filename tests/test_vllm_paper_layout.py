@@ -122,7 +122,7 @@ def test_the_hf_path_is_what_it_says(runs):
     _, hf = runs
     assert _json(hf / "runs" / "es" / "backend.json")["engine"] == "hf"
     members = _json(hf / "runs" / "grpo" / "backend.json")["members"]
-    assert [m["rollouts"] for m in members] == ["hf-generate"] * 2
+    assert [m["rollouts"] for m in members] == ["esreason-sampler"] * 2
     assert _json(hf / "eval" / "base" / "manifest.json")["sampler"]["backend"] == "hf"
 
 

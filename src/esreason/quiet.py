@@ -71,6 +71,10 @@ TRAINER_WARNINGS: tuple[KnownWarning, ...] = (
     KnownWarning(FutureWarning, r"`is_gradient_checkpointing` is deprecated", r"transformers\.modeling_utils\b",
                  "TRL 1.16 (trl/models/utils.py) reads the property transformers 5.23 deprecated; it is "
                  "warned without a stacklevel, so attributed to transformers.modeling_utils"),
+    KnownWarning(UserWarning, r"You are using 'rollout_func', which is an experimental feature",
+                 r"esreason\.grpo\.trainer\b",
+                 "TRL 1.16's GRPOTrainer.__init__ on every rollout_func (our CPU rollouts, "
+                 "esreason.grpo.rollouts); stacklevel 2 attributes it to PaperGRPOTrainer.__init__"),
 )
 TRAINER_LOG_LINES: tuple[KnownLogLine, ...] = (
     KnownLogLine("transformers.trainer_utils", "mtime may not be reliable on this filesystem",

@@ -49,11 +49,16 @@ class Generation:
     entropy_sum: per response, the sum over generated tokens of the token entropy
         (nats), or None when not requested; divide by ``len(token_ids[i])`` (or
         pool over responses) to average.
+    stop_ids: per response, the stop (EOS) id that ended it, None where it ended at its token
+        budget or the context limit; None when the engine does not report it (only
+        :class:`esreason.backends.sampling.Sampler` does: GRPO's rollouts append it, as
+        ``generate`` keeps the EOS in a completion).
     """
 
     texts: list[str]
     token_ids: list[list[int]]
     entropy_sum: list[float] | None = None
+    stop_ids: list[int | None] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -179,7 +179,7 @@ class ChunkDecoder:
         grown.member[:n] = new.member
         grown.row[:n] = new.row
         dst = torch.arange(n * k, device=self.dev)
-        grown.cache.copy_rows(dst, new.cache, dst)
+        grown.cache.copy_rows(dst, new.cache, dst, self.length)
         grown.mask[:n * k] = new.mask
         grown.next_pos[:n * k] = new.next_pos
         grown.used = n
@@ -205,7 +205,7 @@ class ChunkDecoder:
         d_idx = [q * key + j for j in range(key)]
         s_t = torch.tensor(s_idx, dtype=torch.long, device=self.dev)
         d_t = torch.tensor(d_idx, dtype=torch.long, device=self.dev)
-        dst.cache.copy_rows(d_t, src.cache, s_t)
+        dst.cache.copy_rows(d_t, src.cache, s_t, self.length)
         dst.mask[d_t] = src.mask[s_t]
         dst.next_pos[d_t] = src.next_pos[s_t]
         dst.member[q] = m

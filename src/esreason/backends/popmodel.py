@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from esreason.backends.kvcache import grown, window
 from esreason.errors import UserError
 from esreason.es.params import unique_named_parameters
 
@@ -111,50 +112,62 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class PopulationKV:
-    """Key/value buffers of one population block: per layer [rows, kv_heads, capacity, head_dim].
+    """Key/value buffers of one population block: per layer [rows, kv_heads, width, head_dim].
 
-    ``rows`` = member positions x slots per member, flattened member-major. Written in
-    place like :class:`esreason.backends.kvcache.PreallocatedLayer`; attention sees the
-    ``[:, :, :length]`` views.
+    ``rows`` = member positions x slots per member, flattened member-major. Kept like
+    :class:`esreason.backends.kvcache.PreallocatedLayer`: contiguous buffers written in place and
+    widened to :func:`esreason.backends.kvcache.window` of the positions written, attention over the
+    whole width (the mask hides the zeros past the written positions), so a member's rows see the
+    widths and masks the sequential sampler's rows see.
     """
 
     def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        shape = (rows, kv_heads, capacity, head_dim)
-        # never read beyond what was written, so no zero fill (pages are touched as decoding goes)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        shape = (rows, kv_heads, 0, head_dim)  # widened by the first update
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.capacity = capacity
+
+    @property
+    def width(self) -> int:
+        return int(self.keys[0].shape[-2]) if self.keys else 0
+
+    def width_for(self, end: int) -> int:
+        """The width attention reads once ``end`` positions are written (the mask's kv length)."""
+        return window(end, self.capacity)
+
+    def _widen(self, layer: int, length: int, width: int) -> None:
+        if self.keys[layer].shape[-2] < width:
+            self.keys[layer] = grown(self.keys[layer], length, width)
+            self.values[layer] = grown(self.values[layer], length, width)
 
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, rows: int,
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [rows, Hkv, T, d] at positions start..start+T of the first ``rows`` rows; return the
-        [rows, Hkv, start+T, d] views."""
+        [rows, Hkv, width, d] buffers (contiguous: a prefix of the rows)."""
         end = start + k.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV capacity {self.capacity} exceeded ({end} positions)")
+        self._widen(layer, start, self.width_for(end))
         kb, vb = self.keys[layer], self.values[layer]
         kb[:rows, :, start:end] = k
         vb[:rows, :, start:end] = v
-        return kb[:rows, :, :end], vb[:rows, :, :end]
+        return kb[:rows], vb[:rows]
 
-    def copy_rows(self, dst: torch.Tensor, src_kv: "PopulationKV", src: torch.Tensor) -> None:
-        """self rows ``dst`` <- ``src_kv`` rows ``src`` (LongTensors of equal length), all layers."""
+    def copy_rows(self, dst: torch.Tensor, src_kv: "PopulationKV", src: torch.Tensor, length: int) -> None:
+        """self rows ``dst`` <- ``src_kv`` rows ``src`` (LongTensors of equal length), all layers; the first
+        ``length`` positions are valid in ``src_kv``."""
         for layer in range(len(self.keys)):
-            self.keys[layer][dst] = src_kv.keys[layer][src]
-            self.values[layer][dst] = src_kv.values[layer][src]
+            w = src_kv.keys[layer].shape[-2]
+            self._widen(layer, length, w)
+            self.keys[layer][dst, :, :w] = src_kv.keys[layer][src, :, :w]
+            self.values[layer][dst, :, :w] = src_kv.values[layer][src, :, :w]
 
     def gathered(self, rows: torch.Tensor, length: int) -> "PopulationKV":
-        """A new cache holding rows ``rows`` (LongTensor) of this one, in that order; only the first
-        ``length`` positions are copied (the rest is never read before it is written)."""
+        """A new cache holding rows ``rows`` (LongTensor) of this one, in that order (one contiguous gather
+        per buffer; ``length`` positions are valid)."""
         out = object.__new__(PopulationKV)
         out.capacity = self.capacity
-        out.keys, out.values = [], []
-        for src, dst in ((self.keys, out.keys), (self.values, out.values)):
-            for buf in src:
-                new = torch.empty((rows.numel(), *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
-                torch.index_select(buf[:, :, :length], 0, rows, out=new[:, :, :length])
-                dst.append(new)
+        out.keys = [buf.index_select(0, rows) for buf in self.keys]
+        out.values = [buf.index_select(0, rows) for buf in self.values]
         return out
 
 
@@ -272,7 +285,8 @@ class PopulationModel:
         h = w[self.embed][idx, ids.reshape(n, m * t)]  # [P, M*T, D] embedding rows
         pos_rows = pos.reshape(rows, t)  # [R, T]
         cos, sin = self.rotary(h, pos_rows)  # [R, T, d] each
-        attn_mask = self.mask_fn(batch_size=rows, q_length=t, kv_length=past + t, q_offset=past, kv_offset=0,
+        width = cache.width_for(past + t)  # the kv length attention reads (zeros past past+T are masked)
+        attn_mask = self.mask_fn(batch_size=rows, q_length=t, kv_length=width, q_offset=past, kv_offset=0,
                                  mask_function=self.causal, attention_mask=mask2d, allow_is_causal_skip=True,
                                  dtype=h.dtype, config=self.config, use_vmap=False, device=h.device)
         hd = self.head_dim
@@ -284,7 +298,7 @@ class PopulationModel:
             k = linear(x, w[names.k], _b(w, names.k_b)).view(rows, t, -1, hd).transpose(1, 2)  # [R, Hkv, T, d]
             v = linear(x, w[names.v], _b(w, names.v_b)).view(rows, t, -1, hd).transpose(1, 2)  # [R, Hkv, T, d]
             q, k = self.apply_rope(q, k, cos, sin)
-            k_all, v_all = cache.update(li, past, k, v, rows)  # [R, Hkv, past+T, d]
+            k_all, v_all = cache.update(li, past, k, v, rows)  # [R, Hkv, width >= past+T, d]
             o, _ = self.attn_fn(module, q, k_all, v_all, attn_mask, dropout=0.0, scaling=module.scaling)
             o = o.reshape(n, m * t, -1)  # [R, T, H, d] -> [P, M*T, H*d]
             h = h + linear(o, w[names.o], _b(w, names.o_b))

@@ -235,6 +235,7 @@ class Sampler:
 
         token_ids: list[list[int]] = [[] for _ in range(n)]
         entropy_sum: list[float] | None = [0.0] * n if params.compute_entropy else None
+        stopped_by: list[int | None] = [None] * n
         stop_ids = [] if ignore_eos else self.eos_ids
         self.last_stats = SamplerStats(prompts=n, context_limited=limited)
         was_training = self.model.training
@@ -244,16 +245,17 @@ class Sampler:
                 for c, start in enumerate(range(0, len(run), self.batch_size)):
                     idx = run[start:start + self.batch_size]
                     gen = chunk_generator(params.seed, c) if params.temperature > 0 else None
-                    toks, ents = self._decode_chunk([rows[i] for i in idx], [budgets[i] for i in idx],
-                                                    params, gen, stop_ids)
+                    toks, ents, stops = self._decode_chunk([rows[i] for i in idx], [budgets[i] for i in idx],
+                                                           params, gen, stop_ids)
                     for j, i in enumerate(idx):
                         token_ids[i] = toks[j]
+                        stopped_by[i] = stops[j]
                         if entropy_sum is not None and ents is not None:
                             entropy_sum[i] = ents[j]
         finally:
             self.model.train(was_training)
         texts = [safe_decode(self.tokenizer, t, skip_special_tokens=True) for t in token_ids]
-        out = Generation(texts=texts, token_ids=token_ids, entropy_sum=entropy_sum)
+        out = Generation(texts=texts, token_ids=token_ids, entropy_sum=entropy_sum, stop_ids=stopped_by)
         self.last_stats.tokens = out.num_tokens
         self.last_stats.seconds = time.perf_counter() - t0
         return out
@@ -302,8 +304,8 @@ class Sampler:
 
     def _decode_chunk(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
                       gen: torch.Generator | None, stop_ids: list[int],
-                      ) -> tuple[list[list[int]], list[float] | None]:
-        """Decode one left-padded chunk; returns per row its tokens and entropy sum."""
+                      ) -> tuple[list[list[int]], list[float] | None, list[int | None]]:
+        """Decode one left-padded chunk; returns per row its tokens, entropy sum and stop id (or None)."""
         dev = self.device
         b0, plen = len(rows), max(len(r) for r in rows)
         steps = max(budgets)
@@ -325,6 +327,7 @@ class Sampler:
         out_tok = torch.zeros((b0, steps), dtype=torch.long, device=dev)  # [B0, steps]
         out_len = torch.zeros(b0, dtype=torch.long, device=dev)  # [B0]
         finished = torch.zeros(b0, dtype=torch.bool, device=dev)  # [B0] stopped (EOS, budget)
+        out_stop = torch.full((b0,), -1, dtype=torch.long, device=dev)  # [B0] the EOS id that ended a row
         ent_sum = torch.zeros(b0, dtype=torch.float64, device=dev) if params.compute_entropy else None
         live = torch.arange(b0, device=dev)  # chunk row of each batch row
         live_cpu = torch.arange(b0)
@@ -344,7 +347,9 @@ class Sampler:
             tok.clamp_(0, logits.shape[-1] - 1)
             emit = ~finished[live]  # [B] rows that keep this step's token
             if stop.numel():
-                emit &= ~torch.isin(tok, stop)
+                at_stop = torch.isin(tok, stop)  # [B]
+                out_stop[live] = torch.where(emit & at_stop, tok, out_stop[live])
+                emit &= ~at_stop
             out_tok[live, step] = tok  # beyond a finished row's length: ignored
             out_len[live] += emit.long()
             if ent_sum is not None and log_probs is not None:
@@ -369,4 +374,5 @@ class Sampler:
         toks = out_tok.cpu().tolist()
         tokens = [toks[j][:lengths[j]] for j in range(b0)]
         ents = ent_sum.tolist() if ent_sum is not None else None
-        return tokens, ents
+        stops = [s if s >= 0 else None for s in out_stop.tolist()]
+        return tokens, ents, stops

@@ -73,6 +73,11 @@ class GRPOSettings:
     """Recompute activations in the backward pass (saves memory on long responses)."""
     bf16: bool = False
     """bf16 autocast for the training forward/backward (GPU only; weights stay in `dtype`)."""
+    rollouts: Literal["auto", "sampler", "generate"] = "auto"
+    """Engine of the rollouts when ``use_vllm`` is off. 'sampler': esreason's KV-cache sampler through
+    TRL's ``rollout_func`` (:mod:`esreason.grpo.rollouts`; its own seeded random stream, so samples
+    differ from 'generate' at the same seed); 'generate': TRL's ``model.generate``; 'auto': the
+    sampler on ``device: cpu``, ``generate`` on a GPU (where ``use_vllm`` is the fast path)."""
     use_vllm: bool = False
     """Generate rollouts with vLLM (the ``gpu`` extra installs a vLLM TRL supports), as the paper's
     verl runs did. Works with one process or with P processes under ``accelerate launch``. With
@@ -162,6 +167,8 @@ def _validate_grpo(cfg: GRPORunConfig) -> None:
             f"must be in (0, 1) (got {g.vllm_gpu_memory_utilization})")
     require(g.vllm_server_url is None or g.vllm_mode == "server", "grpo.vllm_server_url",
             f"is used only with grpo.vllm_mode: server (got mode {g.vllm_mode!r})")
+    require(g.rollouts == "auto" or not g.use_vllm, "grpo.rollouts",
+            f"{g.rollouts!r} names the engine without vLLM; with grpo.use_vllm: true keep 'auto'")
 
 
 def validate(cfg: GRPORunConfig) -> None:

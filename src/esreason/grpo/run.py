@@ -249,6 +249,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     from esreason.grpo import callbacks as cb
     from esreason.grpo.plan import plan_batches
     from esreason.grpo.reward import TaskReward
+    from esreason.grpo.rollouts import SamplerRollouts, uses_sampler
     from esreason.grpo.trainer import PaperGRPOTrainer, build_trl_args, check_trl_version, make_grpo_config
     from esreason.io import MetricsLogger, RunDir, atomic_directory, progress_bar
     from esreason.io.space import tensor_bytes
@@ -325,10 +326,14 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         # Order matters within an event: the checkpoint is written before the metrics timer restarts.
         metrics = cb.MetricsCallback(plan, logger, heldout, bar) if logger is not None else None
         callbacks = [c for c in (heldout, checkpoints, metrics) if c]
-        trainer = PaperGRPOTrainer(
-            model=model, reward_funcs=TaskReward(problems, tokenizer, scorer), args=grpo_args,
-            train_dataset=_build_dataset(problems), processing_class=tokenizer, callbacks=callbacks,
-            standardize_advantages=cfg.grpo.standardize_advantages)
+        rollout_func = None
+        if uses_sampler(cfg.grpo.rollouts, use_vllm=cfg.grpo.use_vllm, device=cfg.device):
+            rollout_func = SamplerRollouts(cfg.train.seed, batch_size=plan.sequences_per_update)
+        with known_library_noise():  # TRL's "experimental feature" warning for a rollout_func
+            trainer = PaperGRPOTrainer(
+                model=model, reward_funcs=TaskReward(problems, tokenizer, scorer), args=grpo_args,
+                train_dataset=_build_dataset(problems), processing_class=tokenizer, callbacks=callbacks,
+                standardize_advantages=cfg.grpo.standardize_advantages, rollout_func=rollout_func)
         _remove_console_callbacks(trainer)
         _record_backend(out, trainer, procs)
         try:
@@ -348,7 +353,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
 
 def _record_backend(out: Path, trainer: Any, procs: Any) -> None:
     """``RUN/backend.json``: what actually runs -- every process (rank, pid, host) and its rollout
-    sampler (TRL's colocated vLLM engine, a vLLM server, or HF generate). A collective: every
+    sampler (TRL's colocated vLLM engine, a vLLM server, our sampler or HF generate). A collective: every
     process takes part; the main process writes."""
     import os
     import socket
@@ -362,6 +367,8 @@ def _record_backend(out: Path, trainer: Any, procs: Any) -> None:
         rollouts = "vllm-colocate"
     elif getattr(trainer, "use_vllm", False):
         rollouts = "vllm-server"
+    elif getattr(trainer, "rollout_func", None) is not None:
+        rollouts = "esreason-sampler"
     else:
         rollouts = "hf-generate"
     mine = {"rank": procs.process_index, "pid": os.getpid(), "host": socket.gethostname(), "rollouts": rollouts}
