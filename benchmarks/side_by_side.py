@@ -11,9 +11,10 @@ for a second reading.
 
 ``--what demo``: ``esreason demo --output DIR`` (the full demo: five methods, evaluation, report);
 reports wall time, the stage timings of ``experiment.json`` and whether every evaluated response
-(method, task, problem, sample, greedy, text) is the same in both runs (a speed-up must not change
-the demo's evidence; the verdict files' wording differs between revisions, so the responses are
-compared, not the verdicts).
+(method, task, problem, sample, greedy, text) is the same in both runs (a speed-up that keeps every
+sampling stream must not change the demo's evidence; the verdict files' wording differs between
+revisions, so the responses are compared, not the verdicts), and each run's largest paired minimum
+detectable Pass@1 difference per task (``mdd_paired_max_pp``, from its report.json; the demo's power).
 ``--what suite``: ``python -m pytest -q`` in each tree (its own tests against its own sources and
 its own pytest options); reports wall time and the counts pytest printed.
 
@@ -68,8 +69,13 @@ def _demo(tree: Path, out: Path) -> dict:
         for line in path.read_text().splitlines():
             r = json.loads(line)
             responses.add((path.parent.parent.name, r["task"], r["problem_id"], r["sample"], r["greedy"], r["text"]))
+    mdd = {}
+    report = out / "report" / "report.json"
+    if report.is_file():  # the largest paired MDD per task, in pp (the demo's power: issue 27 asks <= 5)
+        for t in json.loads(report.read_text()).get("mdd", {}).get("tasks", []):
+            mdd[t["task"]] = round(100 * max(t["mdd_paired"].values()), 2)
     return {"wall_s": round(wall, 1), "stages_s": timings, "stages_sum_s": round(sum(timings.values()), 1),
-            "responses": responses}
+            "mdd_paired_max_pp": mdd, "responses": responses}
 
 
 def _suite(tree: Path) -> dict:

@@ -8,8 +8,8 @@ interpreter, so only the rollout sampler differs from the HF runs.
 Checked:
 - the command runs end to end (exit 0, no traceback from vLLM's exit handler, a plain HF
   checkpoint), and with near-greedy rollouts (temperature 1e-4) and no learning its rollout
-  metrics per update agree with HF ``generate``'s (same prompts; answers may differ only where
-  two tokens' logits tie within the temperature);
+  metrics per update agree with HF ``generate``'s and with our sampler's (``grpo.rollouts``; same
+  prompts; answers may differ only where two tokens' logits tie within the temperature);
 - the engine samples from the trained policy: TRL pushes the weights into the engine before
   each rollout, so after 2 updates the engine holds the weights of checkpoint step_1 (the
   policy that sampled update 2), bit for bit, and not the base's.
@@ -124,13 +124,15 @@ def _train(out: Path, *overrides: str) -> list[tuple[float, ...]]:
 
 
 def test_grpo_vllm_rollouts_agree_with_hf_generate(tmp_path):
-    hf = _train(tmp_path / "hf")
+    hf = _train(tmp_path / "hf", "grpo.rollouts=generate")
+    sampler = _train(tmp_path / "sampler", "grpo.rollouts=sampler")  # the CPU default (docs/grpo.md)
     vl = _train(tmp_path / "vllm", "grpo.use_vllm=true")
-    print("TWIN", json.dumps({"keys": KEYS, "hf": hf, "vllm": vl}))
-    for (hf_acc, hf_reward, hf_len), (vl_acc, vl_reward, vl_len) in zip(hf, vl):
-        assert abs(vl_acc - hf_acc) <= 6 / 64      # at most 6 of the 64 responses answer differently
-        assert abs(vl_reward - hf_reward) <= 0.1
-        assert abs(vl_len - hf_len) <= 2.0          # tokens per response
+    print("TWIN", json.dumps({"keys": KEYS, "hf": hf, "sampler": sampler, "vllm": vl}))
+    for other in (sampler, vl):
+        for (hf_acc, hf_reward, hf_len), (acc, reward, length) in zip(hf, other):
+            assert abs(acc - hf_acc) <= 6 / 64      # at most 6 of the 64 responses answer differently
+            assert abs(reward - hf_reward) <= 0.1
+            assert abs(length - hf_len) <= 2.0      # tokens per response
 
 
 def test_grpo_vllm_engine_samples_from_the_trained_weights(tmp_path):

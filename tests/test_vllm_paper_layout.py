@@ -153,7 +153,7 @@ def test_evaluation_on_vllm_engines_matches_the_hf_sampler(runs):
             assert abs(ga - gb) <= 1 / 8 + 1e-9, (method, task, ga, gb)
 
 
-def test_grpo_on_colocated_vllm_engines_is_close_to_hf_generate(runs):
+def test_grpo_on_colocated_vllm_engines_is_close_to_the_hf_path(runs):
     twin, hf = runs
     a, b = _rewards(twin / "runs" / "grpo"), _rewards(hf / "runs" / "grpo")
     assert len(a) == len(b) == 2
