@@ -34,6 +34,22 @@ def test_chat_template_drops_system_and_ends_at_assistant_turn():
     assert tasks.render_prompt(tok, msgs) == "<s>Q:1+2\nA:"
 
 
+def test_rendered_prompts_render_each_item_on_first_use_exactly_as_render_prompt(monkeypatch):
+    tok = build_tokenizer()
+    problems = tasks.get("demo-add").load("train")
+    calls = []
+    real = tasks.base.render_prompt
+    monkeypatch.setattr(tasks.base, "render_prompt", lambda t, m: calls.append(m) or real(t, m))
+    prompts = tasks.RenderedPrompts(tok, problems)
+    assert len(prompts) == len(problems) and not calls           # nothing rendered up front
+    for i in (5, 19999, -1, 5):
+        assert prompts[i] == real(tok, problems[i].messages)
+    assert len(calls) == 2                                      # 5 and 19999 (= -1) once each
+    assert prompts[3:6] == [real(tok, p.messages) for p in problems[3:6]]
+    with pytest.raises(IndexError):
+        prompts[len(problems)]
+
+
 @pytest.mark.parametrize("family", ["demo-add", "demo-sub", "demo-countdown", "demo-sub3"])
 def test_synthetic_families_are_deterministic_disjoint_and_correct(family):
     test, train = demo_problems(family, "test"), demo_problems(family, "train")

@@ -162,13 +162,26 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     (["task=nope"], "unknown task 'nope'"),
 ])
 def test_cli_bad_input_is_one_line_error(tmp_path, overrides, needle):
+    """``esreason.cli.main`` in this process (a subprocess per case cost 2-7 s of interpreter and
+    library start-up); the installed entry point itself: the next test."""
+    from fault_helpers import run_cli
+
     args = ["train", "es", "--output", str(tmp_path / "r"), "--no-progress"]
     for o in overrides:
         args += ["--set", o]
-    proc = _cli(*args)
+    rc, err = run_cli(args)
+    assert rc == 2
+    err = err.strip()
+    assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_cli_bad_input_from_the_command_line_exits_2_with_one_line(tmp_path):
+    """The same through ``python -m esreason.cli``: the process's exit status and its whole stderr."""
+    proc = _cli("train", "es", "--output", str(tmp_path / "r"), "--no-progress", "--set", "es.sigma=0")
     assert proc.returncode == 2
     err = proc.stderr.strip()
-    assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "'es.sigma': must be > 0" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
 
 
 def test_empty_dataset_is_a_clear_error(tmp_path, monkeypatch):

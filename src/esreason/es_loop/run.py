@@ -161,7 +161,7 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
                       perturbation=cfg.es.perturbation, rank=cfg.es.rank, noise_device=noise_device)
     if start_step:
         policy.load_masters(start_model)
-    prompts = [tasks.render_prompt(tokenizer, p.messages) for p in problems]
+    prompts = tasks.RenderedPrompts(tokenizer, problems)  # rendered as the schedule draws them
     scorer = verifiers.get(task.verifier, format_reward=cfg.es.format_reward)
     generator = Sampler(model, tokenizer, batch_size=cfg.generation.batch_size)
 

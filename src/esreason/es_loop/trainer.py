@@ -69,7 +69,7 @@ class ESTrainer:
         self.policy = policy
         self.generator = generator
         self.problems = list(problems)
-        self.prompts = list(prompts)
+        self.prompts = prompts  # a RenderedPrompts renders each as a batch first draws it
         self.scorer = scorer
         self.run_dir = run_dir
         self.logger = logger
