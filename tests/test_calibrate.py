@@ -125,18 +125,25 @@ SHORT = ["updates=8", "methods=[base,es,grpo]", "eval.in_domain=[demo-add]", "ev
          "report.pairs=[[demo-add,demo-sub]]"]
 
 
+STAGE_SLACK_S = 1.5
+"""Seconds a stage may miss its plan by regardless of the ratio (test_calibrated_plan_predicts...)."""
+
+
 @pytest.mark.heavy
 def test_calibrated_plan_predicts_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
     """``plan --calibrate --json`` then ``experiment run --plan``, the CLI as a user calls it; the
     plan command's stdout is the JSON plan alone (``> plan.json``).
 
-    Tolerance: every stage's actual / planned within [0.5, 2.0] and the total within [0.67, 1.5].
-    Wider than the issue's idle-machine targets (25 % per stage, 15 % in total) because this test
-    shares the 2 cores with another pytest worker whose load differs between the calibration and
-    the run; the idle-machine comparison of the full demo is benchmarks/plan_vs_run.py
-    (docs/scale.md). Structure is still checked: the run trains 8 updates where the calibration
-    trained 3, so a plan that did not scale updates, held-out evaluations and checkpoints would miss
-    the training stages by about 2.5x."""
+    Tolerance: every stage's actual / planned within [0.5, 2.0], or within STAGE_SLACK_S of its plan
+    where that is looser, and the total within [0.67, 1.5]. Wider than the issue's idle-machine
+    targets (25 % per stage, 15 % in total) because this test shares the 2 cores with another pytest
+    worker whose load differs between the calibration and the run; the idle-machine comparison of
+    the full demo is benchmarks/plan_vs_run.py (docs/scale.md). The absolute slack is for the
+    one-second stages (the report: 1.0 s planned, 2.2 s actual once in CI while the other worker
+    started its processes): there a scheduling stall of a second doubles the ratio. Structure is
+    still checked: the run trains 8 updates where the calibration trained 3, so a plan that did not
+    scale updates, held-out evaluations and checkpoints would miss the training stages (4-6 s) by
+    about 2.5x, outside both bounds."""
     sets = [x for item in SHORT for x in ("--set", item)]
     import contextlib
     import io
@@ -155,10 +162,13 @@ def test_calibrated_plan_predicts_a_longer_run_as_a_user_runs_it(tmp_path, capfd
 
     _, rows, totals = timing.comparison(exp)
     ratios = {r[0]: float(r[3]) for r in rows[:-1] if r[3] != "—"}
+    seconds = {r[0]: (float(r[1].replace(",", "")), float(r[2].replace(",", ""))) for r in rows[:-1]
+               if r[3] != "—"}  # (planned, actual) s
     print(ratios, totals)
     assert set(ratios) == {"eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "report"}
     for stage, ratio in ratios.items():
-        assert 0.5 <= ratio <= 2.0, (stage, ratio, rows)
+        planned, actual = seconds[stage]
+        assert 0.5 <= ratio <= 2.0 or abs(actual - planned) <= STAGE_SLACK_S, (stage, ratio, rows)
     assert 0.67 <= totals["actual_s"] / totals["planned_s"] <= 1.5, totals
     assert "Planned vs actual time" in (exp / "report" / "report.md").read_text()
 
