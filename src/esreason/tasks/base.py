@@ -78,7 +78,7 @@ class RenderedPrompts(Sequence[str]):
     """The rendered prompts of ``problems``, each rendered on first use and kept.
 
     A training split is large (the demo's 20,000 problems, GSM8K's 7,473) and an ES run reads only
-    the mini-batches it draws (``batch_size * steps`` problems: 960 for the 30-update demo config),
+    the mini-batches it draws (at most ``batch_size * steps`` problems: 480 for the 30-update configs/demo/es.yaml),
     so rendering every prompt up front cost a chat-template call per problem before the first update
     (0.65 s per run on the demo split, measured here). Item ``i`` is exactly
     ``render_prompt(tokenizer, problems[i].messages)``.
@@ -92,7 +92,7 @@ class RenderedPrompts(Sequence[str]):
     def __len__(self) -> int:
         return len(self._problems)
 
-    def __getitem__(self, i):  # type: ignore[override]  (int -> str, slice -> list[str])
+    def __getitem__(self, i):  # type: ignore[override]  # int -> str, slice -> list[str]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = range(len(self))[i]  # negative indices; IndexError past the end
