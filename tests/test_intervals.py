@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from esreason.report.components import Estimate, moments, seed_interval
-from esreason.report.coverage import Shape, coverage
+from esreason.report.coverage import Shape, coverage, coverage_cell
 from esreason.report.tdist import t_cdf, t_quantile, t_two_sided_p
 
 # ----------------------------------------------------------------------------- t distribution
@@ -35,24 +35,38 @@ def test_t_cdf_matches_closed_forms():
 # ----------------------------------------------------------------------------- variance components
 
 
-def test_seed_term_is_the_between_seed_variance_minus_the_residual_part():
-    # One task, 3 seeds x 4 problems, and Base on the same problems (one row).
+def _hand_moments(a, base):
+    """The module docstring's formulas by hand for one task: (value, problem term, raw seed mean
+    square / S, residual correction, floor)."""
+    s, n = a.shape
+    d = a.mean(0) - base[0]  # per-problem difference of seed means
+    prob = d.var(ddof=1) / n
+    raw = a.mean(1).var(ddof=1) / s
+    resid = a - a.mean(1, keepdims=True) - a.mean(0, keepdims=True) + a.mean()
+    corr = (resid ** 2).sum() / ((s - 1) * (n - 1)) / (n * s)
+    floor = corr * ((s - 1) / 0.1025865887751011 - 1)  # chi^2_{0.05, 2} = -2 ln 0.95
+    return a.mean() - base.mean(), prob, raw, corr, floor
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.3])
+def test_seed_term_is_the_between_seed_variance_minus_the_residual_part(spread):
+    # One task, 3 seeds x 4 problems, and Base on the same problems (one row). spread 0: the ANOVA
+    # seed estimate (positive) is below the detection floor, which replaces it; 0.3: it is above.
     a = np.array([[0.5, 0.6, 0.2, 0.9],
                   [0.7, 0.6, 0.4, 0.9],
-                  [0.3, 0.5, 0.3, 0.8]])
+                  [0.3, 0.5, 0.3, 0.8]]) + spread * np.array([[-1.0], [0.0], [1.0]])
     base = np.array([[0.4, 0.5, 0.2, 0.7]])
+    value, prob, raw, corr, floor = _hand_moments(a, base)
+    seed = raw - corr
+    assert seed > 0 and (seed < floor) == (spread == 0)
     m = moments([(1.0, {"t": a}), (-1.0, {"t": base})], cap_df=False)
-    d = a.mean(0) - base[0]  # per-problem difference of seed means
-    prob = d.var(ddof=1) / 4
-    rows = a.mean(1)
-    resid = a - a.mean(1, keepdims=True) - a.mean(0, keepdims=True) + a.mean()
-    ms_res = (resid ** 2).sum() / (2 * 3)
-    seed = rows.var(ddof=1) / 3 - ms_res / (4 * 3)
-    assert seed > 0
-    assert float(m.value) == pytest.approx(a.mean() - base.mean())
-    assert float(m.var) == pytest.approx(prob + seed)
-    # Satterthwaite over the mean squares, then capped at the seeds' S - 1 = 2 df
-    satt = (prob + seed) ** 2 / (prob ** 2 / 3 + (rows.var(ddof=1) / 3) ** 2 / 2 + (ms_res / 12) ** 2 / 6)
+    assert float(m.value) == pytest.approx(value)
+    assert float(m.var) == pytest.approx(prob + max(seed, floor))
+    assert not m.truncated and bool(m.floored) == (spread == 0)
+    # Satterthwaite over the mean squares (the floor as a seed variance with 2 df), then capped at
+    # the seeds' S - 1 = 2 df
+    seed_denom = floor ** 2 / 2 if spread == 0 else raw ** 2 / 2 + corr ** 2 / 6
+    satt = (prob + max(seed, floor)) ** 2 / (prob ** 2 / 3 + seed_denom)
     assert float(m.df) == pytest.approx(satt)
     assert float(moments([(1.0, {"t": a}), (-1.0, {"t": base})]).df) == pytest.approx(min(satt, 2.0))
 
@@ -60,12 +74,66 @@ def test_seed_term_is_the_between_seed_variance_minus_the_residual_part():
 def test_a_constant_seed_shift_is_seed_variance_and_equal_seeds_have_none():
     rng = np.random.default_rng(0)
     x = rng.random((1, 50))
-    same = np.repeat(x, 3, axis=0)  # three identical seeds: no seed term, the problem term alone
+    same = np.repeat(x, 3, axis=0)  # three identical seeds: no seed term (floor 0: no residual)
     m = moments([(1.0, {"t": same})])
-    assert float(m.var) == pytest.approx(x.var(ddof=1) / 50) and math.isinf(float(m.df)) or float(m.df) > 40
+    assert float(m.var) == pytest.approx(x.var(ddof=1) / 50)
+    assert float(m.df) == pytest.approx(2.0)  # the seeds' df, whatever the estimate (containment)
     shifted = same + np.array([[-0.01], [0.0], [0.01]])  # seeds differ by a constant: pure seed effect
     m2 = moments([(1.0, {"t": shifted})])
     assert float(m2.var) == pytest.approx(x.var(ddof=1) / 50 + 0.01 ** 2 / 3)
+
+
+def _three_seeds(k):
+    """3 seeds x 256 problems x 3 tasks of Pass@1 over 32 samples whose seeds have equal task
+    averages, then seed s shifted by k * (s - 1): the seed spread grows with k, nothing else moves."""
+    rng = np.random.default_rng(4)
+    out = {}
+    for t in "abc":
+        x = rng.binomial(32, rng.uniform(0.05, 0.95, 256)[None].repeat(3, 0)) / 32
+        out[t] = x - x.mean(1, keepdims=True) + x.mean() + k * np.array([[-1.0], [0.0], [1.0]])
+    return out
+
+
+def test_a_truncated_seed_term_keeps_the_seed_df_and_the_detection_floor():
+    # Issue 37 item 5: at S = 3 a seed estimate <= 0 used to become 0 *and* drop the seeds' df, so
+    # the interval fell to evaluation noise (normal quantile) while labelled "3 training seeds".
+    from esreason.report.components import floor_factor
+
+    base = {t: np.full((1, 256), 0.5) + 0.0 for t in "abc"}  # constant Base: no problem noise of its own
+    tables = _three_seeds(0.0)
+    m = moments([(1.0, tables), (-1.0, base)])
+    assert bool(m.truncated) and bool(m.floored)
+    prob = sum(x.mean(0).var(ddof=1) / (256 * 9) for x in tables.values())
+    est = seed_interval([(1.0, tables), (-1.0, base)], "3 training seeds")
+    assert est.df == pytest.approx(2.0)  # old: inf
+    assert est.se ** 2 > 1.5 * prob  # old: the problem term alone
+    lo, hi = est.interval()
+    assert hi - lo > 2 * t_quantile(0.975, 2) * math.sqrt(prob) > 2 * 2 * 1.96 * math.sqrt(prob)
+    # Continuous and monotone in the seed spread: as the spread grows past the truncation point
+    # (k about 0.001 here) and past the floor, the half-width never drops and never jumps (old:
+    # it jumped 2.2x, from 1.96 to t_{0.975, 2} = 4.30 standard errors, at the truncation point).
+    ks = np.linspace(0.0, 0.01, 41)
+    trunc = [bool(moments([(1.0, _three_seeds(float(k))), (-1.0, base)]).truncated) for k in ks]
+    assert trunc[0] and not trunc[-1]  # the grid crosses the truncation point
+    halves = []
+    for k in ks:
+        e = seed_interval([(1.0, _three_seeds(float(k))), (-1.0, base)], "x")
+        halves.append(e.interval()[1] - e.value)
+    steps = np.array(halves[1:]) / np.array(halves[:-1])
+    assert (steps >= 1 - 1e-9).all() and (steps < 1.1).all(), steps
+    assert floor_factor(3) == pytest.approx(2 / (-2 * math.log(0.95)) - 1, rel=1e-9)
+
+
+@pytest.mark.parametrize(("k", "q", "want"), [(1, 0.05, 0.00393214), (2, 0.05, -2 * math.log(0.95)),
+                                              (3, 0.05, 0.351846), (4, 0.05, 0.710723), (9, 0.05, 3.325113),
+                                              (4, 0.5, 3.356694)])
+def test_chi2_quantiles_match_the_printed_table(k, q, want):
+    from esreason.report.components import chi2_cdf, chi2_quantile
+
+    assert chi2_quantile(q, k) == pytest.approx(want, rel=1e-5)  # the table prints 6 significant digits
+    assert chi2_cdf(chi2_quantile(q, k), k) == pytest.approx(q, abs=1e-12)
+    with pytest.raises(ValueError, match="q=0.9"):
+        chi2_quantile(0.9, k)
 
 
 def test_nested_runs_pair_seeds_and_independent_runs_do_not():
@@ -100,8 +168,24 @@ SHAPE = Shape()  # the demo: 3 tasks x 256 problems x 32 samples, logit-normal d
 @pytest.mark.parametrize("seeds", [3, 5])
 @pytest.mark.parametrize("comparison", ["independent", "base"])
 def test_seed_level_interval_covers_at_3_and_5_seeds(comparison, seeds, seed_sd_pp):
-    cov = coverage(SHAPE, comparison, seeds, seed_sd_pp, experiments=400)
-    assert 0.92 <= cov <= 0.99, cov
+    cell = coverage_cell(SHAPE, comparison, seeds, seed_sd_pp, experiments=400)
+    assert cell.coverage >= 0.92, cell.coverage
+    # Over-coverage is the detection floor's price, and only that: where the floor sets at most 1
+    # in 10 seed terms, coverage stays <= 0.99 (it reaches 0.99-1.00 where 3 seeds cannot show the
+    # seed spread: 0-2 pp at S = 3, 0 pp at S = 5; docs/report.md, "Coverage").
+    if cell.floored_share <= 0.1:
+        assert cell.coverage <= 0.99, (cell.coverage, cell.floored_share)
+
+
+def test_intervals_whose_seed_estimate_truncates_still_cover():
+    # Issue 37 item 5: against Base at S = 3 and 1 pp of seed spread, about 5 % of the ANOVA seed
+    # estimates are <= 0 in the demo's shape; those intervals covered 0.63 before the fix (the
+    # term set to 0, its df dropped: evaluation noise only). 2,000 experiments give about 100 of
+    # them: at a true coverage of 0.95 the binomial sd of their coverage is 0.022, so the bound
+    # 0.90 sits 2.3 sd below it (the random streams are fixed: the test is deterministic).
+    cell = coverage_cell(SHAPE, "base", 3, 1.0, experiments=2000)
+    assert cell.truncated_count >= 50, cell.truncated_count
+    assert cell.truncated_coverage >= 0.90, (cell.truncated_coverage, cell.truncated_count)
 
 
 @pytest.mark.parametrize("seed_sd_pp", [0.0, 2.0])

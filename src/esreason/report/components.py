@@ -16,30 +16,66 @@ For independent training runs of A and B the variance of the estimate is
 
 - the *problem term* ``sum_t var_p(D_t) / (n_t T^2)`` with ``D_t[p] = mean_s X_A[t][s, p] -
   mean_s X_B[t][s, p]`` (it holds u and sigma^2_r / S_m);
-- per trained method with S_m > 1 the *seed term* ``max(0, var_s(a_s) / S_m - sum_t MS_res,t /
-  (n_t T^2 S_m))``: ``a_s`` is seed s's task-averaged score, whose variance over seeds is
-  sigma^2_a + sum_t sigma^2_r / (n_t T^2); the residual mean square ``MS_res`` (two-way ANOVA
-  without replication) removes the residual part the problem term already holds. A negative
-  estimate is truncated at 0 (the usual variance-components rule).
+- per trained method with S_m > 1 the *seed term*: the ANOVA estimate ``var_s(a_s) / S_m -
+  sum_t MS_res,t / (n_t T^2 S_m)`` (``a_s`` is seed s's task-averaged score, whose variance over
+  seeds is sigma^2_a + sum_t sigma^2_r / (n_t T^2); the residual mean square ``MS_res`` of two-way
+  ANOVA without replication removes the residual part the problem term already holds), but never
+  less than the *detection floor* below.
 
 The interval is ``estimate ± t_{(1+level)/2, df} sqrt(V)`` with Welch–Satterthwaite df over the
-mean squares (seed terms have S_m - 1 df; so 3 seeds give few df and a wide interval, as they
-must). Base, evaluated once, has no seed term; a method trained with one seed has none either
-and then the interval covers evaluation noise only (the report uses the problem bootstrap of
+mean squares, capped at the seeds' df ``sum_m (S_m - 1)`` over every method with a seed term
+(so 3 seeds give few df and a wide interval, as they must).
+
+Detection floor (issue 37 item 5). The usual variance-components rule truncates a negative ANOVA
+estimate at 0 (Searle, Casella & McCulloch 1992, *Variance Components*), and Satterthwaite df
+then lose the zero component: before this issue the term became 0 *and* its
+S - 1 df left the cap, so at S = 3 the interval fell to evaluation noise with normal quantiles
+(about 1.5 pp wide instead of 5.8 in the demo's shape) while its label still said "3 training
+seeds"; against Base those intervals covered 0.38-0.75 at 1-2 pp of seed spread. With S - 1 = 2 df a
+truncated estimate says little: the seed mean square ``raw`` is ``E[raw] chi^2_{S-1} / (S-1)``,
+so it falls below the residual part ``corr`` with probability ``F_{chi^2_{S-1}}((S-1) corr /
+E[raw])`` - 5 % even when sigma^2_a / S is 18.5 times ``corr`` at S = 3. Two changes:
+
+- the df cap is the *containment* df (SAS PROC MIXED DDFM=CONTAIN): it counts every seeded
+  method's S_m - 1 whatever its estimate, since the seeds' df are a property of the design, not
+  of the estimate (Barr et al. 2013 show why dropping a random effect that was estimated at 0
+  makes tests anticonservative);
+- the seed term is floored at ``U = corr ((S-1) / chi^2_{0.05, S-1} - 1)``: the seed variance
+  that S seeds detect (give a positive estimate) with 95 % probability, i.e. the largest seed
+  variance a truncated estimate still fails to reject at 5 %. It is the one-sided 95 % upper
+  limit of sigma^2_a / S from the seed mean square's chi^2 (the ``H_1`` term of the modified
+  large-sample limits, Burdick & Graybill 1992, *Confidence Intervals on Variance Components*,
+  with the residual's thousands of df taken as known) evaluated at the truncation point ``raw =
+  corr``: the largest upper limit any truncated data set can give. It depends on the residual
+  only, not on how far below the boundary the 2-df seed spread fell (chance, mostly). The floor
+  applies to *every* seed term (``max(estimate, U)``), not only to truncated ones, so the interval
+  stays continuous and monotone in the seed spread: flooring only truncated terms would leave the
+  barely positive ones (same information) at 0.80 coverage at 2 pp. A floored term enters the
+  Satterthwaite sum as a seed variance with S - 1 df. It shrinks as S grows (U / corr: 18.5 at S
+  = 3, 4.6 at S = 5, 1.7 at S = 10) and is 0 when seeds agree on every problem (``corr = 0``).
+
+Cost: the interval over-covers (0.99-1.00) when the seed spread is below the floor (0-1 pp at S =
+3 in the demo's shape: a 3-seed interval is then about 6 pp wide, not 1.5-3): 3 seeds cannot show
+a seed spread that small, and the interval says so.
+
+Base, evaluated once, has no seed term; a method trained with one seed has none either and then
+the interval covers evaluation noise only (the report uses the problem bootstrap of
 :mod:`esreason.report.resample` there). Seeds are paired only for *nested* runs (a composition
 against its own first stage: ES->GRPO seed s continues ES seed s): the two tables are
 subtracted seed by seed first and the difference table is one "method". Independent methods
 (ES and GRPO) are never paired by seed index.
 
-Coverage (``esreason.report.coverage``; tests/test_intervals.py; table in docs/report.md):
-0.96-0.98 at S = 3 and 5 with seed sd 0, 1 and 2 pp (1,000 simulated experiments per cell), where the
-crossed percentile bootstrap this replaces covered 0.78-0.98.
+Coverage (``esreason.report.coverage``; tests/test_intervals.py; table in docs/report.md, with
+the coverage of the intervals whose ANOVA seed estimate was <= 0): 0.958-1.000 at S = 3 and 5
+with seed sd 0, 1 and 2 pp (4,000 simulated experiments per cell), 0.907-1.000 among the
+truncated intervals, where the crossed percentile bootstrap this replaces covered 0.78-0.98.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -49,6 +85,10 @@ from esreason.report.tdist import t_quantile, t_two_sided_p
 #: A signed side of a difference: (+1 or -1, {task: X [..., S, n]}).
 Side = tuple[float, Mapping[str, np.ndarray]]
 
+#: Probability with which S seeds must detect a seed variance (a positive ANOVA estimate) before
+#: the seed term may fall below it (module docstring, "Detection floor").
+DETECTION = 0.95
+
 
 @dataclass(frozen=True)
 class Moments:
@@ -57,6 +97,46 @@ class Moments:
     value: np.ndarray
     var: np.ndarray
     df: np.ndarray
+    truncated: np.ndarray
+    """True where some method's ANOVA seed estimate is <= 0 (the old rule set the term to 0)."""
+    floored: np.ndarray
+    """True where some method's seed term is the detection floor (its estimate was below it)."""
+
+
+def chi2_cdf(x: float, k: float) -> float:
+    """P(chi^2_k <= x): the regularised lower incomplete gamma P(k/2, x/2), by its power series
+    (Abramowitz & Stegun 6.5.29); meant for x up to a few times k."""
+    if x <= 0:
+        return 0.0
+    a, y = k / 2, x / 2
+    term = total = 1.0 / a
+    i = 0
+    while term > 1e-16 * total:
+        i += 1
+        term *= y / (a + i)
+        total += term
+    return min(1.0, math.exp(-y + a * math.log(y) - math.lgamma(a)) * total)
+
+
+def chi2_quantile(q: float, k: float) -> float:
+    """The q quantile of chi^2_k for 0 < q <= 0.5 (bisection on :func:`chi2_cdf`; the median is
+    below k)."""
+    if not 0 < q <= 0.5 or k <= 0:
+        raise ValueError(f"chi2_quantile needs 0 < q <= 0.5 and k > 0, got q={q!r}, k={k!r}")
+    lo, hi = 0.0, float(k)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if chi2_cdf(mid, k) < q else (lo, mid)
+        if hi - lo <= 1e-14 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+@lru_cache(maxsize=64)
+def floor_factor(seeds: int) -> float:
+    """``U / corr = (S-1) / chi^2_{1-DETECTION, S-1} - 1``: the detection floor of the seed term
+    in units of its residual correction (module docstring); 18.5 at S = 3, 4.6 at S = 5."""
+    return (seeds - 1) / chi2_quantile(1 - DETECTION, seeds - 1) - 1
 
 
 def _ms_res(x: np.ndarray) -> np.ndarray:
@@ -68,6 +148,9 @@ def _ms_res(x: np.ndarray) -> np.ndarray:
 
 def moments(sides: Sequence[Side], cap_df: bool = True) -> Moments:
     """:class:`Moments` of ``sum_side sign * mean_t mean X`` (module docstring); tables without NaN.
+
+    cap_df: cap the df at the seeds' containment df (shipped); False gives plain Satterthwaite
+    (the coverage simulation's reference).
 
     Every side has the same tasks with the same problems in the same order (paired by problem);
     leading axes before (S, n) are a batch (the coverage simulation passes many experiments at once).
@@ -86,6 +169,8 @@ def moments(sides: Sequence[Side], cap_df: bool = True) -> Moments:
         denom = denom + term ** 2 / (n - 1)
     var = var_prob
     seed_df = 0.0
+    truncated = np.zeros(np.shape(value), dtype=bool)
+    floored = np.zeros(np.shape(value), dtype=bool)
     for _, tab in sides:
         x0 = np.asarray(tab[tasks[0]])
         s = x0.shape[-2]
@@ -97,17 +182,19 @@ def moments(sides: Sequence[Side], cap_df: bool = True) -> Moments:
                    for t in tasks) / s
         res_df = (s - 1) * sum(np.asarray(tab[t]).shape[-1] - 1 for t in tasks)
         comp = raw - corr
-        positive = comp > 0
-        var = var + np.where(positive, comp, 0.0)
-        denom = denom + np.where(positive, raw ** 2 / (s - 1) + corr ** 2 / res_df, 0.0)
-        seed_df = seed_df + np.where(positive, s - 1.0, 0.0)
+        floor = corr * floor_factor(s)
+        estimated = comp > floor
+        var = var + np.where(estimated, comp, floor)
+        denom = denom + np.where(estimated, raw ** 2 / (s - 1) + corr ** 2 / res_df, floor ** 2 / (s - 1))
+        truncated = truncated | (comp <= 0)
+        floored = floored | ~estimated
+        seed_df += s - 1.0  # containment: the design's seed df, whatever the estimate
     var = np.asarray(var, dtype=np.float64)
     denom = np.asarray(denom, dtype=np.float64)
     df = np.divide(var ** 2, denom, out=np.full(var.shape, np.inf), where=denom > 0)
-    if cap_df:
-        seed_df = np.asarray(seed_df, dtype=np.float64)
-        df = np.where(seed_df > 0, np.minimum(df, seed_df), df)
-    return Moments(np.asarray(value, dtype=np.float64), var, df)
+    if cap_df and seed_df > 0:
+        df = np.minimum(df, seed_df)
+    return Moments(np.asarray(value, dtype=np.float64), var, df, truncated, floored)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,10 @@ Pass@1 on task t is ``E[expit(N(mu_t + delta_m, tau^2 + sd_eta^2 + sd_alpha^2 + 
 (Gauss–Hermite, 80 nodes); a single seed's own truth fixes ``alpha_ms`` instead of integrating
 it. Two comparisons: a trained method against Base (``"base"``) and two independently trained
 methods (``"independent"``: ES vs GRPO).
+
+Each simulated interval also records whether its ANOVA seed estimate was <= 0 ("truncated", the
+event of issue 37 item 5: the old rule then set the seed term to 0 and dropped its df), so the
+table shows the coverage of those intervals (:class:`CoverageCell`) beside the overall one.
 """
 
 from __future__ import annotations
@@ -144,12 +148,13 @@ def t_quantiles(q: float, df: np.ndarray) -> np.ndarray:
 
 
 def t_intervals(sides: list[tuple[float, dict[str, np.ndarray]]], level: float = 0.95,
-                cap_df: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The shipped seed-level t-intervals (:func:`esreason.report.components.moments`) of E experiments."""
+                cap_df: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shipped seed-level t-intervals (:func:`esreason.report.components.moments`) of E
+    experiments: low, high and whether each one's seed estimate was truncated."""
     m = moments(sides, cap_df)
     q = t_quantiles((1 + level) / 2, np.atleast_1d(m.df))
     half = q * np.sqrt(np.maximum(m.var, 0.0))
-    return m.value - half, m.value + half
+    return m.value - half, m.value + half, np.atleast_1d(m.truncated)
 
 
 def percentile_intervals(per_task: dict[str, np.ndarray], level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
@@ -187,22 +192,51 @@ def crossed_bootstrap(sides: list[tuple[float, dict[str, np.ndarray]]], resample
     return lo, hi
 
 
-def coverage(shape: Shape, comparison: str, seeds: int, seed_sd_pp: float, experiments: int = 400,
-             method: str = "shipped", rng_seed: int = 0, resamples: int = 1000) -> float:
-    """Fraction of ``experiments`` whose 95 % interval covers the truth.
+@dataclass(frozen=True)
+class CoverageCell:
+    """One cell of the coverage table: per simulated experiment, whether its interval covered the
+    truth, whether its ANOVA seed estimate was truncated (<= 0) and whether its seed term is the
+    detection floor (:mod:`esreason.report.components`; both always False at S = 1)."""
 
-    comparison: ``"base"`` (method a - Base) or ``"independent"`` (a - b, independent seeds).
-    method: ``"shipped"`` (t-interval for seeds > 1; the problem bootstrap of one seed, exact, scored
-    against that seed's own truth), ``"crossed_paired"`` / ``"crossed_unpaired"`` (the replaced
-    crossed bootstrap, seeds paired by index or not; scored against the population truth), or
-    ``"t_seeds"`` (a plain t-interval over the S per-seed differences, reference).
-    """
-    rng = np.random.default_rng([rng_seed, seeds, int(seed_sd_pp * 1000), comparison == "base"])
+    covered: np.ndarray
+    truncated: np.ndarray
+    floored: np.ndarray
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of intervals that cover the truth."""
+        return float(self.covered.mean())
+
+    @property
+    def truncated_share(self) -> float:
+        """Fraction of intervals whose seed estimate was truncated."""
+        return float(self.truncated.mean())
+
+    @property
+    def floored_share(self) -> float:
+        """Fraction of intervals whose seed term is the detection floor."""
+        return float(self.floored.mean())
+
+    @property
+    def truncated_count(self) -> int:
+        """Number of intervals whose seed estimate was truncated."""
+        return int(self.truncated.sum())
+
+    @property
+    def truncated_coverage(self) -> float:
+        """Coverage among the truncated intervals (NaN when there are none)."""
+        return float(self.covered[self.truncated].mean()) if self.truncated.any() else math.nan
+
+
+def _chunk(shape: Shape, comparison: str, seeds: int, seed_sd_pp: float, experiments: int, method: str,
+           rng: np.random.Generator, resamples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(covered, truncated, floored) of ``experiments`` simulated experiments (:func:`coverage_cell`)."""
     methods = ("a",) if comparison == "base" else ("a", "b")
     sim = simulate(shape, experiments, seeds, seed_sd_pp, rng, methods, base=comparison == "base")
     other = "base" if comparison == "base" else "b"
     sd_a = shape.sd_alpha(seed_sd_pp)
     sides = [(1.0, sim.tables["a"]), (-1.0, sim.tables[other])]
+    truncated = floored = np.zeros(experiments, dtype=bool)
     if seeds == 1 and method == "shipped":
         truth = shape.truth("a", sd_a, sim.alpha["a"][:, 0]) - (
             shape.truth("base", 0.0) if other == "base" else shape.truth("b", sd_a, sim.alpha["b"][:, 0]))
@@ -210,10 +244,13 @@ def coverage(shape: Shape, comparison: str, seeds: int, seed_sd_pp: float, exper
         lo, hi = percentile_intervals(diffs)
     else:
         truth = shape.truth("a", sd_a) - shape.truth(other, sd_a)
+        if seeds > 1:
+            m = moments(sides)
+            truncated, floored = np.atleast_1d(m.truncated), np.atleast_1d(m.floored)
         if method == "shipped":
-            lo, hi = t_intervals(sides)
+            lo, hi, _ = t_intervals(sides)
         elif method == "satterthwaite":
-            lo, hi = t_intervals(sides, cap_df=False)
+            lo, hi, _ = t_intervals(sides, cap_df=False)
         elif method in ("crossed_paired", "crossed_unpaired"):
             lo, hi = crossed_bootstrap(sides, resamples, rng, paired=method == "crossed_paired")
         elif method == "t_seeds":
@@ -223,23 +260,66 @@ def coverage(shape: Shape, comparison: str, seeds: int, seed_sd_pp: float, exper
             lo, hi = per_seed.mean(-1) - q * se, per_seed.mean(-1) + q * se
         else:
             raise ValueError(f"unknown method {method!r}")
-    return float(np.mean((lo <= truth) & (truth <= hi)))
+    return (lo <= truth) & (truth <= hi), truncated, floored
 
 
-def main() -> None:  # pragma: no cover - prints the docs table
+def coverage_cell(shape: Shape, comparison: str, seeds: int, seed_sd_pp: float, experiments: int = 400,
+                  method: str = "shipped", rng_seed: int = 0, resamples: int = 1000,
+                  chunk: int = 1000) -> CoverageCell:
+    """Simulate ``experiments`` experiments, ``chunk`` at a time (memory), and score each one's 95 %
+    interval against the truth.
+
+    comparison: ``"base"`` (method a - Base) or ``"independent"`` (a - b, independent seeds).
+    method: ``"shipped"`` (t-interval for seeds > 1; the problem bootstrap of one seed, exact, scored
+    against that seed's own truth), ``"satterthwaite"`` (the shipped interval without the df cap),
+    ``"crossed_paired"`` / ``"crossed_unpaired"`` (the replaced crossed bootstrap, seeds paired by
+    index or not; scored against the population truth), or ``"t_seeds"`` (a plain t-interval over
+    the S per-seed differences, reference). The first chunk's random stream is the one every
+    earlier version of this simulator used, so a cell of at most ``chunk`` experiments is unchanged.
+    """
+    if comparison not in ("base", "independent"):
+        raise ValueError(f"comparison must be 'base' or 'independent', got {comparison!r}")
+    parts = []
+    for i, start in enumerate(range(0, experiments, chunk)):
+        key = [rng_seed, seeds, int(seed_sd_pp * 1000), comparison == "base"] + ([i] if i else [])
+        parts.append(_chunk(shape, comparison, seeds, seed_sd_pp, min(chunk, experiments - start), method,
+                            np.random.default_rng(key), resamples))
+    return CoverageCell(*(np.concatenate(p) for p in zip(*parts)))
+
+
+def coverage(shape: Shape, comparison: str, seeds: int, seed_sd_pp: float, experiments: int = 400,
+             method: str = "shipped", rng_seed: int = 0, resamples: int = 1000) -> float:
+    """Fraction of ``experiments`` whose 95 % interval covers the truth (:func:`coverage_cell`)."""
+    return coverage_cell(shape, comparison, seeds, seed_sd_pp, experiments, method, rng_seed, resamples).coverage
+
+
+def main(argv: list[str] | None = None) -> None:  # pragma: no cover - prints the docs table
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Coverage table of docs/report.md (Intervals).")
+    parser.add_argument("--experiments", type=int, default=4000,
+                        help="experiments per cell for the shipped interval and its truncated subset")
+    parser.add_argument("--replaced-experiments", type=int, default=1000,
+                        help="experiments per cell for the replaced / reference intervals (0: leave them out)")
+    args = parser.parse_args(argv)
     shape = Shape()
-    print("| S | seed sd (pp) | comparison | shipped (this code) | crossed bootstrap, paired by index (replaced)"
-          " | crossed, unpaired | t over per-seed differences |")
-    print("|---|---|---|---|---|---|---|")
+    print("| S | seed sd (pp) | comparison | shipped (this code) | truncated share | shipped when truncated (n)"
+          " | floored share | crossed bootstrap, paired by index (replaced) | crossed, unpaired"
+          " | t over per-seed differences |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for s in (1, 3, 5):
         for sd in (0.0, 1.0, 2.0):
             for comp in ("independent", "base"):
-                row = [coverage(shape, comp, s, sd, 1000)]
+                cell = coverage_cell(shape, comp, s, sd, args.experiments)
+                cells = [f"{cell.coverage:.3f}"]
                 if s > 1:
-                    row += [coverage(shape, comp, s, sd, 1000, m) for m in
-                            ("crossed_paired", "crossed_unpaired", "t_seeds")]
-                cells = [f"{c:.3f}" for c in row] + ["–"] * (4 - len(row))
-                print(f"| {s} | {sd:g} | {comp} | " + " | ".join(cells) + " |")
+                    when = f"{cell.truncated_coverage:.3f} ({cell.truncated_count})" if cell.truncated_count else "–"
+                    cells += [f"{cell.truncated_share:.3f}", when, f"{cell.floored_share:.3f}"]
+                    if args.replaced_experiments:
+                        cells += [f"{coverage(shape, comp, s, sd, args.replaced_experiments, m):.3f}"
+                                  for m in ("crossed_paired", "crossed_unpaired", "t_seeds")]
+                cells += ["–"] * (7 - len(cells))
+                print(f"| {s} | {sd:g} | {comp} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover
