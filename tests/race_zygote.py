@@ -13,17 +13,25 @@ import traceback
 
 
 def _lock_body(directory: str, hold: float) -> int:
-    """The lock primitive alone: take the lock, record this writer, hold it; 2 and one line when refused."""
+    """The lock primitive alone: take the lock, record this writer, hold it; 2 and one line when refused.
+
+    The holder keeps the lock until the other child has been refused (it leaves ``DIRECTORY.refused``
+    beside the directory), at most ``hold`` seconds: the pair overlaps however late a loaded machine
+    schedules the second child, so the outcome never depends on timing (issue 37)."""
     from esreason.errors import DirectoryLocked
     from esreason.io.lock import directory_lock
 
+    refused = directory.rstrip("/") + ".refused"
     try:
         with directory_lock(directory, what="test directory"):
             with open(os.path.join(directory, "writers.log"), "a") as fh:
                 fh.write(f"{os.getpid()}\n")
-            time.sleep(hold)
+            deadline = time.monotonic() + hold
+            while not os.path.exists(refused) and time.monotonic() < deadline:
+                time.sleep(0.01)
     except DirectoryLocked as exc:
         print(f"esreason: error: {exc}", file=sys.stderr)
+        open(refused, "w").close()
         return 2
     return 0
 

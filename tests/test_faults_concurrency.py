@@ -37,7 +37,7 @@ PAIRS = 20
 
 
 def test_twenty_barrier_released_pairs_have_exactly_one_writer(tmp_path):
-    rounds = [[["__lock__", str(tmp_path / f"d{i}"), "0.1"]] * 2 for i in range(PAIRS)]
+    rounds = [[["__lock__", str(tmp_path / f"d{i}"), "60"]] * 2 for i in range(PAIRS)]  # held until refused
     results = race(rounds, tmp_path / "work", heavy=False)
     named_pid = 0
     for i, pair in enumerate(results):

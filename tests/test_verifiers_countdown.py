@@ -6,6 +6,7 @@ import time
 from fractions import Fraction
 
 import pytest
+from bounds import TERMINATES_WITHIN_S
 
 from esreason.errors import UserError
 from esreason.verifiers.countdown import Rejected, countdown_value, evaluate, make_scorer
@@ -52,7 +53,7 @@ def ans(expr: str) -> str:
 def test_countdown_table(response, correct, formatted, reason_part):
     start = time.perf_counter()
     v = make_scorer(FR)(response, GOLD)
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < TERMINATES_WITHIN_S  # bounded, not a speed claim (tests/bounds.py)
     assert (v.correct, v.formatted) == (correct, formatted)
     assert v.reward == (1.0 if correct else FR if formatted else 0.0)
     assert reason_part in v.reason
@@ -70,7 +71,7 @@ def test_huge_power_is_rejected_without_evaluating():
         evaluate("99**98**97")
     with pytest.raises(Rejected):
         evaluate("9" * 5000)
-    assert time.perf_counter() - start < 0.05
+    assert time.perf_counter() - start < TERMINATES_WITHIN_S  # evaluating would never end (tests/bounds.py)
 
 
 def test_countdown_value_is_the_vote_key():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from bounds import TERMINATES_WITHIN_S
 
 from esreason.verifiers.extract import (code_blocks, last_answer_block, last_boxed, last_python_block,
                                         strip_latex_wrappers)
@@ -75,4 +76,4 @@ def test_extractors_are_linear_on_adversarial_text():
         last_boxed(text)
         last_python_block(text)
         last_answer_block(text)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < TERMINATES_WITHIN_S  # quadratic scans of 350k characters never end

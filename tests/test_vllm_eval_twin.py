@@ -198,11 +198,12 @@ def test_heldout_evaluation_during_es_runs_on_the_vllm_engine(tmp_path):
           flush=True)
 
 
-def test_streamed_evaluation_keeps_every_engine_generating_and_beats_calls():
+def test_streamed_evaluation_keeps_more_rows_in_flight_than_calls():
     """Issue 24, item 4, on the twin: two vLLM evaluation engines, the call path and the streamed
-    path side by side on the same engines (benchmarks/eval_stream.py, alternating): every engine
-    generates at least 90 % of the streamed evaluation's wall time (its own counters: seconds with
-    unfinished rows), the stream is faster, and both give the same responses."""
+    path side by side on the same engines (benchmarks/eval_stream.py): both give the same responses,
+    and the stream keeps more rows in flight per engine than a call ever has. How much of the wall
+    time each engine generates and which path is faster are timings: the benchmark prints them
+    (docs/scale.md), the test does not assert them (issue 37: no verdict depends on load)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_CPU_KVCACHE_SPACE": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.run([_python(), str(REPO / "benchmarks" / "eval_stream.py"), "--engines", "2", "--limit", "64",
@@ -211,8 +212,6 @@ def test_streamed_evaluation_keeps_every_engine_generating_and_beats_calls():
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     print("TWIN " + json.dumps(got), flush=True)
     assert got["same_responses"]
-    assert got["stream"]["min_generating_fraction"] >= 0.9, got["stream"]
-    assert got["stream"]["median_wall_s"] < got["calls"]["median_wall_s"], got
     assert got["stream"]["pass@1"] == got["calls"]["pass@1"]
     # why: the stream keeps hundreds of rows in flight per engine, a call at most its 16
     assert min(min(r) for r in got["stream"]["rows_in_flight"]) > max(max(r) for r in got["calls"]["rows_in_flight"])

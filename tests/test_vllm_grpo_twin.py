@@ -147,9 +147,12 @@ def test_grpo_vllm_engine_samples_from_the_trained_weights(tmp_path):
     assert sync["names"], "none of the compared parameters exists in the vLLM model"
     # Issue 27: where vLLM's CPU build repacks linear weights (oneDNN, AMX), the trainer made every
     # repacked layer loadable again (esreason.backends.vllm_cpu); where it does not, nothing to do.
+    # Whether a repacked layer also lost its weight (``restored``) depends on the CPU's kernel path
+    # (on the AMD EPYC of issue 37: 18 layers rerouted, 0 removed): the behaviour checked is that the engine's
+    # weights, the repacked layers' included, equal the trained ones (below).
     assert sync["cpu_layers"] is not None
     if sync["cpu_build_repacks"]:
-        assert sync["cpu_layers"]["restored"] > 0 and sync["cpu_layers"]["layers"] >= sync["cpu_layers"]["restored"]
+        assert sync["cpu_layers"]["layers"] > 0 and sync["cpu_layers"]["layers"] >= sync["cpu_layers"]["restored"]
     assert all(sync["equal_step1"].values())        # the engine holds the policy after update 1 ...
     assert not all(sync["equal_step2"].values())    # (update 2's step came after its rollouts)
     # ... not the base it started from (a norm weight near 1 may round to the same bfloat16 value

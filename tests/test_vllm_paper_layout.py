@@ -161,33 +161,33 @@ def test_grpo_on_colocated_vllm_engines_is_close_to_the_hf_path(runs):
     print("LAYOUT " + json.dumps({"grpo_rollout_rewards": {"vllm": a, "hf": b}}))
 
 
-def test_a_calibrated_plan_predicts_the_twin_stage_by_stage(runs):
+def test_a_calibrated_plan_of_the_twin_prices_every_stage_it_runs(runs):
     """Issue 24: ``esreason experiment plan --calibrate --json`` on the twin itself (vLLM engines in a
     Ray pool, 2 accelerate processes with colocated engines, 2 evaluation engines; 3 updates per
-    trained kind) against the fixture's twin run (2 updates, a checkpoint after each).
+    trained kind) prices every stage the fixture's twin run ran, and stdout is the JSON plan alone
+    although vLLM and Ray log (they are sent to stderr).
 
-    Tolerance: every stage within [0.67, 1.5] of its plan and the total within [0.8, 1.25]. The vLLM
-    tests run one at a time (``-n 0``), so the machine is as idle as for the full demo's check
-    (benchmarks/plan_vs_run.py: 0.95-1.09 per stage, 1.05 in total on this twin at 6 updates), but
-    engine start is most of every stage here (47-56 s of 50-65 s, measured) and varies with what the
-    host is doing; the margin is for that. stdout must be the JSON plan alone although vLLM and Ray
-    log (they are sent to stderr)."""
+    How close the plan comes to the run is a timing: ``python benchmarks/plan_vs_run.py`` with the
+    twin's settings prints it (docs/scale.md; 0.95-1.09 per stage, 1.05 in total at 6 updates on an
+    idle machine). Issue 37: no test's verdict depends on the machine's load, and engine start,
+    most of every stage here, varies with it."""
     from esreason.report.timing import planned_seconds
 
     twin, _ = runs
-    cmd = [_python(), "-m", "esreason.cli", "experiment", "plan", str(SPEC), "--calibrate", "--json"]
+    # --max-spread 1000: the spread check (a refusal on a busy machine) is tests/test_calibrate.py's
+    cmd = [_python(), "-m", "esreason.cli", "experiment", "plan", str(SPEC), "--calibrate", "--json",
+           "--max-spread", "1000"]
     for item in (*SIZES, *TWIN):
         cmd += ["--set", item]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-6000:]
     plan = json.loads(proc.stdout)
+    assert plan["calibrated"]
     planned = planned_seconds(plan)
     actual = _json(twin / "experiment.json")["timings"]
-    ratios = {k: actual[k] / planned[k] for k in planned if k in actual}
-    print("TWIN " + json.dumps({"planned": planned, "actual": actual, "ratios": ratios}), flush=True)
-    assert set(ratios) == {"eval/base", "train/grpo", "eval/grpo", "train/es", "eval/es", "report"}
-    for stage, ratio in ratios.items():
-        if stage != "report":  # about 1.5 s, measured to 0.1 s: its ratio is rounding
-            assert 0.67 <= ratio <= 1.5, (stage, ratio)
-    total = sum(actual[k] for k in ratios) / sum(planned[k] for k in ratios)
-    assert 0.8 <= total <= 1.25, total
+    print("TWIN " + json.dumps({"planned": planned, "actual": actual}), flush=True)
+    ran = {"eval/base", "train/grpo", "eval/grpo", "train/es", "eval/es", "report"}
+    assert ran <= set(actual) and ran <= set(planned), (sorted(planned), sorted(actual))
+    assert all(planned[k] > 0 for k in ran), planned
+    for stage in plan["stages"]:  # every stage is the sum of its named terms, each measured (> 0 where it ran)
+        assert stage["wall_s"] == pytest.approx(sum(stage["terms_s"].values()), abs=0.5), stage

@@ -91,7 +91,9 @@ def _holder_text() -> str:
 def _describe_holder(fd: int) -> str:
     """'held by pid P on host H (command C, since T)', or a vaguer phrase when the file says nothing yet."""
     info = None
-    for _ in range(25):  # the holder writes its record right after flock: a racing loser waits briefly for it
+    # The holder writes its record right after flock: a racing loser waits for it, up to 2 s (a loaded
+    # machine may deschedule the holder between the two for a few hundred ms; only a refusal waits).
+    for _ in range(200):
         try:
             info = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
             break
