@@ -1,7 +1,7 @@
 """Benchmark: the evaluation's teacher-forced entropy pass with and without shared prompts.
 
 The vLLM evaluation path scores every sampled response by a transformers forward
-(:class:`esreason.eval.scoring.EntropyScorer`). Rows behind one prompt are now scored as a group:
+(:class:`esreason.backends.scoring.EntropyScorer`). Rows behind one prompt are now scored as a group:
 the prompt forwarded once, the responses against its cache. This compares that with scoring every
 row as prompt + response (``share_prompts=False``, the previous behaviour), on the embedded default, at an evaluation's shape: ``--problems`` prompts of
 ``--prompt-tokens`` tokens, ``--samples`` responses each of ``--response-tokens`` tokens (random
@@ -34,7 +34,7 @@ def main() -> None:
     import torch
 
     from esreason.backends.hf import load_model
-    from esreason.eval.scoring import EntropyScorer
+    from esreason.backends.scoring import EntropyScorer
 
     torch.manual_seed(0)
     model, _ = load_model("demo")

@@ -61,7 +61,7 @@ def config_shapes(tiny: bool) -> dict[str, Any]:
 
 
 def architecture_for(tiny: bool, tiny_shapes: dict[str, Any], vocab: int) -> dict[str, Any]:
-    from esreason.experiments.architectures import architecture
+    from esreason.io.architectures import architecture
 
     if tiny:
         return {"model_type": "qwen2", "vocab_size": vocab, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
@@ -72,7 +72,7 @@ def architecture_for(tiny: bool, tiny_shapes: dict[str, Any], vocab: int) -> dic
 def _model(arch: dict[str, Any], dtype: torch.dtype, device: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    from esreason.experiments.architectures import hf_config
+    from esreason.io.architectures import hf_config
 
     with torch.device(device):
         return AutoModelForCausalLM.from_config(hf_config(arch), dtype=dtype)

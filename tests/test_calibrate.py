@@ -1,9 +1,11 @@
 """``esreason experiment plan X --calibrate``, ``experiment run --plan`` and the report's planned vs
 actual table (issue 24, item 2).
 
-The arithmetic tests use a hand-made calibration (no run). One heavy test calibrates a shortened
-experiment and runs a longer one with the plan, as a user would, and holds the two against each
-other (its tolerance and why: its docstring).
+The arithmetic tests use a hand-made calibration or hand-made run records (no run). One heavy test
+calibrates a shortened experiment and runs a longer one with the plan, as a user would, and checks
+structure only: the plan's shape, that the run records the plan, that the report holds the planned
+vs actual table, and that the plan scales the calibration's medians by the run's counts. No
+assertion compares seconds with seconds (issue 37): that comparison is benchmarks/plan_vs_run.py.
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ def test_seeds_and_the_calibration_spec():
     assert [m.kind for m in short.methods] == ["base", "es", "grpo"] and short.seeds is None
     assert short.updates == cal.CAL_UPDATES == short.es.train.max_steps == short.grpo.train.max_steps
     assert short.es.checkpoint.every == cal.CAL_UPDATES and short.eval.limit == 64  # one call per task
+    # several held-out samples (updates 0, 2, 4, 6) of the configured held-out protocol
+    assert short.es.eval.every == short.grpo.eval.every == cal.HELDOUT_EVERY == 2
+    assert short.es.eval.limit == spec.es.eval.limit and short.es.eval.samples == spec.es.eval.samples
+    assert short.es.backend == spec.es.backend and short.es.generation == spec.es.generation
+    assert short.eval.batch_size == spec.eval.batch_size and short.eval.max_new_tokens == spec.eval.max_new_tokens
     assert short.eval.tasks == spec.eval.tasks and short.es.es == spec.es.es and short.grpo.grpo == spec.grpo.grpo
 
 
@@ -113,45 +120,66 @@ def test_planned_vs_actual_groups_composition_stages_and_seeds(tmp_path):
     assert "No plan recorded" in "\n".join(timing.timing_md(tmp_path / "elsewhere"))
 
 
-# A shortened demo: ES N = 8, B = 8; GRPO 8 prompts x 4; 8 updates (the calibration runs 3); held-out
-# evaluation every 4 updates; 32 problems of demo-add and demo-sub, 8 samples each (one call per task).
-SHORT = ["updates=8", "methods=[base,es,grpo]", "eval.in_domain=[demo-add]", "eval.held_out=[demo-sub]",
-         "eval.limit=32", "eval.samples=8", "eval.ks=[1,8]", "eval.batch_size=256", "eval.ci_resamples=50",
-         "eval.max_new_tokens=32", "configs.es.es.population_size=8", "configs.es.train.batch_size=8",
-         "configs.grpo.grpo.num_generations=4", "configs.grpo.grpo.micro_batch_size=32",
-         "configs.grpo.train.batch_size=8", "configs.es.generation.max_new_tokens=32",
-         "configs.grpo.generation.max_new_tokens=32", "configs.es.checkpoint.every=4", "configs.grpo.checkpoint.every=4",
-         "configs.es.eval.every=4", "configs.es.eval.limit=8", "configs.grpo.eval.every=4", "configs.grpo.eval.limit=8",
-         "report.pairs=[[demo-add,demo-sub]]"]
+def _short_settings() -> list[str]:
+    """The shortened demo of benchmarks/plan_vs_run.py --short (one list, so both run the same settings)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import plan_vs_run
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return list(plan_vs_run.SHORT)
 
 
-STAGE_SLACK_S = 1.5
-"""Seconds a stage may miss its plan by regardless of the ratio (test_calibrated_plan_predicts...)."""
+SHORT = _short_settings()
 
 
 @pytest.mark.heavy
-def test_calibrated_plan_predicts_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
-    """``plan --calibrate --json`` then ``experiment run --plan``, the CLI as a user calls it; the
-    plan command's stdout is the JSON plan alone (``> plan.json``).
+def test_calibrated_plan_of_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
+    """``plan --calibrate --json`` then ``experiment run --plan``, the CLI as a user calls it; the plan
+    command's stdout is the JSON plan alone (``> plan.json``). Structure only (issue 37): the suite
+    shares the cores with other work, so ``--max-spread`` is lifted (a busy machine would be refused,
+    which is the check's job, not this test's) and no seconds are compared with seconds.
 
-    Tolerance: every stage's actual / planned within [0.5, 2.0], or within STAGE_SLACK_S of its plan
-    where that is looser, and the total within [0.67, 1.5]. Wider than the issue's idle-machine
-    targets (25 % per stage, 15 % in total) because this test shares the 2 cores with another pytest
-    worker whose load differs between the calibration and the run; the idle-machine comparison of
-    the full demo is benchmarks/plan_vs_run.py (docs/scale.md). The absolute slack is for the
-    one-second stages (the report: 1.0 s planned, 2.2 s actual once in CI while the other worker
-    started its processes): there a scheduling stall of a second doubles the ratio. Structure is
-    still checked: the run trains 8 updates where the calibration trained 3, so a plan that did not
-    scale updates, held-out evaluations and checkpoints would miss the training stages (4-6 s) by
-    about 2.5x, outside both bounds."""
+    Checked from the plan's own numbers: each constant is the median of MEASURED_UPDATES steady-state
+    samples (held-out: 4, evaluation calls: one per evaluated model); the run's 8 updates, 3 held-out
+    evaluations (0, 4, 8) and 2 checkpoints per training stage are the calibration's medians times
+    those counts (a plan that priced the calibration's 6 updates, 4 held-out evaluations or 1
+    checkpoint would fail); the recorded plan is the plan given; the report holds the table."""
     sets = [x for item in SHORT for x in ("--set", item)]
     import contextlib
     import io
+    import statistics
 
-    assert main(["experiment", "plan", str(DEMO), "--calibrate", "--json", *sets]) == 0
+    assert main(["experiment", "plan", str(DEMO), "--calibrate", "--json", "--max-spread", "1000", *sets]) == 0
     plan = json.loads(capfd.readouterr().out)  # stdout is the plan alone (logs go to stderr)
-    assert plan["calibrated"] and {s["name"] for s in plan["stages"]} == {
+    assert plan["calibrated"] and plan["max_spread"] == 1000 and {s["name"] for s in plan["stages"]} == {
         "eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "report"}
+    c = plan["calibration"]
+    for kind, other in (("es", "update"), ("grpo", "train")):
+        rates, samples = c[kind], c[kind]["samples"]
+        assert len(samples["decode"]) == len(samples["update"]) == cal.MEASURED_UPDATES
+        assert len(samples["heldout"]) == 4 and len(samples["checkpoint"]) == cal.CHECKPOINT_REPEATS
+        for key in ("decode", "update", "heldout", "checkpoint"):
+            assert rates[f"{key}_s"] == statistics.median(samples[key])
+            const = plan["constants"][f"{kind}.{cal._term(kind, key)}"]
+            assert const["n"] == len(samples[key]) and const["median"] == pytest.approx(rates[f"{key}_s"], abs=1e-4)
+        terms = next(s["terms_s"] for s in plan["stages"] if s["name"] == f"train/{kind}")
+        assert set(terms) == {"start", "decode", other, "heldout", "checkpoint"}
+        # 2-decimal rounding of the terms: abs 0.01
+        assert terms["decode"] == pytest.approx(8 * rates["decode_s"], abs=0.01)
+        assert terms[other] == pytest.approx(8 * rates["update_s"], abs=0.01)
+        assert terms["heldout"] == pytest.approx(3 * rates["heldout_s"], abs=0.01)
+        assert terms["checkpoint"] == pytest.approx(2 * rates["checkpoint_s"], abs=0.01)
+        assert terms["start"] == pytest.approx(rates["start_s"], abs=0.01)
+    ev = c["eval"]
+    for task in ("demo-add", "demo-sub"):
+        assert len(ev["samples"][f"call.{task}"]) == 3  # base, ES, GRPO
+        assert ev["call_s"][task] == statistics.median(ev["samples"][f"call.{task}"])
+    base = next(s["terms_s"] for s in plan["stages"] if s["name"] == "eval/base")
+    # 32 problems per task in calls of 256 // 8 = 32 problems: one sampled and one greedy call per task
+    assert base["decode"] == pytest.approx(2 * (ev["call_s"]["demo-add"] + ev["call_s"]["demo-sub"]), abs=0.01)
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     exp = tmp_path / "exp"
     with contextlib.redirect_stdout(io.StringIO()):
@@ -160,17 +188,16 @@ def test_calibrated_plan_predicts_a_longer_run_as_a_user_runs_it(tmp_path, capfd
     assert json.loads((exp / "plan.json").read_text()) == plan
     from esreason.report import timing
 
-    _, rows, totals = timing.comparison(exp)
-    ratios = {r[0]: float(r[3]) for r in rows[:-1] if r[3] != "—"}
-    seconds = {r[0]: (float(r[1].replace(",", "")), float(r[2].replace(",", ""))) for r in rows[:-1]
-               if r[3] != "—"}  # (planned, actual) s
-    print(ratios, totals)
-    assert set(ratios) == {"eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "report"}
-    for stage, ratio in ratios.items():
-        planned, actual = seconds[stage]
-        assert 0.5 <= ratio <= 2.0 or abs(actual - planned) <= STAGE_SLACK_S, (stage, ratio, rows)
-    assert 0.67 <= totals["actual_s"] / totals["planned_s"] <= 1.5, totals
+    _, rows, _ = timing.comparison(exp)
+    assert [r[0] for r in rows[:-1]] == ["eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "report"]
+    assert all(r[3] != "—" for r in rows[:-1])  # every stage has a plan and a measured time
     assert "Planned vs actual time" in (exp / "report" / "report.md").read_text()
+    # the run made the counts the plan assumed: 8 timed updates, held-out at 0, 4, 8, checkpoints 4 and 8
+    for kind in ("es", "grpo"):
+        rows_k = [json.loads(x) for x in (exp / "runs" / kind / "metrics.jsonl").read_text().splitlines() if x]
+        assert sum("time/step" in r for r in rows_k) == 8
+        assert sorted(p.name for p in (exp / "runs" / kind / "checkpoints").iterdir()
+                      if p.name.startswith("step_")) == ["step_4", "step_8"]
 
 
 def test_checkpoint_term_copies_and_hashes_every_file_and_cleans_up(tmp_path):
@@ -182,3 +209,97 @@ def test_checkpoint_term_copies_and_hashes_every_file_and_cleans_up(tmp_path):
     work = tmp_path / "work"
     seconds = cal._checkpoint_seconds([a, b], work)
     assert seconds > 0 and not (work / "checkpoint-copy").exists()
+
+
+def _write_run(run, steps, heldouts, checkpoint_steps=(6,)):
+    """A hand-made ES run directory: metrics rows of the given (time/step, time/generate) per update,
+    held-out evaluations {update: seconds}, complete checkpoints."""
+    rows = []
+    for u in range(len(steps) + 1):
+        row = {"step": u}
+        if u:
+            row.update({"time/step": steps[u - 1][0], "time/generate": steps[u - 1][1]})
+        if u in heldouts:
+            row.update({"heldout/time/generate_s": heldouts[u] - 0.5, "heldout/time/verify_s": 0.25,
+                        "heldout/time/aggregate_s": 0.25})
+        rows.append(json.dumps(row))
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    for step in checkpoint_steps:
+        d = run / "checkpoints" / f"step_{step}"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x" * 4096)
+        (d / "COMPLETE").write_text("")
+
+
+def test_train_constants_are_steady_state_medians_and_the_warm_up_goes_to_start(tmp_path, monkeypatch):
+    """Update 1 is the warm-up (40 s: first use of every shape), update 5 a stall (25 s): neither sets
+    the per-update constants (medians of updates 2-6); the warm-up's excess is in ``start``; priced on
+    the calibration's own counts, the stage gives back its measured time (start is the rest)."""
+    monkeypatch.setattr(cal, "_checkpoint_seconds", lambda dirs, work: 0.5)  # a fixed write + hash
+    steps = [(40.0, 30.0), (4.0, 3.0), (4.2, 3.1), (3.9, 2.9), (25.0, 20.0), (4.1, 3.2)]
+    run = tmp_path / "es"
+    _write_run(run, steps, {0: 2.0, 2: 1.0, 4: 1.2, 6: 1.1})
+    rates = cal._train_rates(run, 100.0, "es", tmp_path / "work")
+    assert rates.samples["decode"] == [3.0, 3.1, 2.9, 20.0, 3.2] and rates.decode_s == 3.1
+    assert rates.samples["update"] == pytest.approx([1.0, 1.1, 1.0, 5.0, 0.9])
+    assert rates.update_s == pytest.approx(1.0)  # median, not the mean 1.8
+    assert rates.heldout_s == pytest.approx(1.15) and len(rates.samples["heldout"]) == 4
+    assert rates.checkpoint_s == 0.5 and rates.samples["checkpoint"] == [0.5] * cal.CHECKPOINT_REPEATS
+    assert rates.warmup_s == pytest.approx(40.0 - 4.1)
+    # 100 s = start + 6 x 4.1 + 4 x 1.15 + 1 x 0.5
+    assert rates.start_s == pytest.approx(100.0 - 6 * 4.1 - 4 * 1.15 - 0.5)
+    spec = load_spec(DEMO, [])
+    short = cal.calibration_spec(spec)
+    terms = cal._train_terms(rates, short.es, "es", cal.CAL_UPDATES, {})
+    assert sum(terms.values()) == pytest.approx(100.0)
+    with pytest.raises(UserError, match="has 2 timed updates"):
+        _write_run(tmp_path / "short", steps[:2], {})
+        cal._train_rates(tmp_path / "short", 10.0, "es", tmp_path / "work2")
+
+
+def test_eval_constants_are_medians_over_the_evaluated_models(tmp_path):
+    record = {"methods": {"base": {}, "es": {}, "grpo": {}}, "timings": {}}
+    per_call = {"base": 8.4, "es": 2.0, "grpo": 2.2}  # the issue: one model's call 4x the others'
+    for name, call in per_call.items():
+        d = tmp_path / "eval" / name
+        d.mkdir(parents=True)
+        timings = {"demo-add": {"generate_s": 2 * call, "generate_calls": 2, "verify_s": 0.33, "aggregate_s": 0.0,
+                                "responses": 33 * 64}}
+        (d / "summary.json").write_text(json.dumps({"timings": timings, "protocol": {"samples": 32, "greedy": True}}))
+        record["timings"][f"eval/{name}"] = 2 * call + 0.33 + 1.0
+    rates = cal._eval_rates(tmp_path, record)
+    assert rates.samples["call.demo-add"] == [8.4, 2.0, 2.2] and rates.call_s["demo-add"] == 2.2
+    assert rates.verify_s["demo-add"] == pytest.approx(0.33 / 64)
+    assert rates.start_s == pytest.approx(1.0)
+
+
+def _noisy_calibration(decode, verify=(0.001, 0.001, 0.001)) -> cal.Calibration:
+    base = fake_calibration()
+    es = cal.TrainRates(start_s=2.0, decode_s=sorted(decode)[len(decode) // 2], update_s=0.5, heldout_s=1.25,
+                        checkpoint_s=0.1, samples={"decode": list(decode), "update": [0.5, 0.5, 0.5]})
+    ev = cal.EvalRates(start_s=3.0, call_s=base.eval.call_s, verify_s=base.eval.verify_s,
+                       samples={"call.demo-add": [2.5, 2.4, 2.6], "verify.demo-add": list(verify)})
+    return cal.Calibration(es=es, grpo=base.grpo, eval=ev, report_s=2.0, report_methods=3, machine="test", seconds=60.0)
+
+
+def test_a_plan_whose_constants_spread_over_the_bound_is_refused():
+    """ES decode is the largest term of the demo; samples 2.4-9.8 s (the issue's stall) spread by 2.96 over
+    its 2.5 s median: refused, naming the constant, its spread and the bound. A spread of the same
+    size in verification (under 5 % of the plan) is not material."""
+    spec = load_spec(DEMO, [])
+    with pytest.raises(UserError, match=r"es\.decode varies by 2\.96 .*bound is 0\.5 .*--max-spread"):
+        cal.calibrated_plan(spec, _noisy_calibration([2.5, 2.4, 9.8, 2.6, 2.5]))
+    steady = cal.calibrated_plan(spec, _noisy_calibration([2.5, 2.4, 2.7, 2.6, 2.5], verify=(0.001, 0.004, 0.001)))
+    const = steady["constants"]
+    assert const["es.decode"]["checked"] and const["es.decode"]["spread"] == pytest.approx(0.12, abs=1e-3)
+    assert const["eval.verify.demo-add"]["spread"] == 3.0 and not const["eval.verify.demo-add"]["checked"]
+    assert const["es.decode"]["plan_s"] == pytest.approx(2.5 * (20 + 10 + 10), abs=0.1)  # ES, ES->GRPO, GRPO->ES
+    assert steady["max_spread"] == cal.check.MAX_SPREAD
+    # the spread is recorded, not enforced, with no bound; a looser bound accepts the noisy one
+    loose = cal.calibrated_plan(spec, _noisy_calibration([2.5, 2.4, 9.8, 2.6, 2.5]), max_spread=None)
+    assert loose["constants"]["es.decode"]["spread"] == pytest.approx(2.96) and loose["max_spread"] is None
+    assert cal.calibrated_plan(spec, _noisy_calibration([2.5, 2.4, 9.8, 2.6, 2.5]), max_spread=3.0)["wall_s"] > 0
+    with pytest.raises(UserError, match="--max-spread: expected a number > 0"):
+        cal.calibrated_plan(spec, fake_calibration(), max_spread=0.0)
+    assert "es.decode" in cal.render_calibrated(steady)

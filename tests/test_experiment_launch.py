@@ -83,12 +83,13 @@ def test_vllm_rollout_fields_are_trl_116_grpoconfig_fields(tmp_path):
 
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     cfg = load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-7b.yaml")
-    kwargs = build_trl_args(cfg, plan_batches(cfg, 7473, 8), tmp_path)
+    kwargs = build_trl_args(cfg, plan_batches(cfg, 7473, 8), tmp_path, prompt_tokens=300)
     assert set(kwargs) <= fields
     vllm = {k: v for k, v in kwargs.items() if k.startswith("vllm_") or k == "use_vllm"}
     assert vllm == {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 1,
                     "vllm_gpu_memory_utilization": 0.3, "vllm_enable_sleep_mode": True,
-                    "vllm_server_base_url": None, "vllm_max_model_length": None, "vllm_model_impl": "vllm",
+                    "vllm_server_base_url": None, "vllm_max_model_length": 300 + cfg.generation.max_new_tokens,
+                    "vllm_model_impl": "vllm",
                     "vllm_importance_sampling_correction": False}
     server = load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-1.5b.yaml",
                               ["grpo.vllm_mode=server", "grpo.vllm_server_url=http://node0:8000"])

@@ -37,6 +37,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # The ES core: noise, cache, apply, population, shaping, update, params, lowrank, schedule. Torch,
     # numpy and the stdlib only; no backends, no loop, no I/O (docs: /work/shared/DESIGN.md §2).
     "esreason.es": ("esreason.es", "esreason.errors"),
+    # Policies and population evaluators sit below the evaluation harness, the ES loop, GRPO and the
+    # experiments (README "Code layout"; issue 37: no import runs back up). What both a backend and a
+    # layer above need lives down here (backends.scoring, io.architectures).
+    "esreason.backends": ("esreason.backends", "esreason.es", "esreason.embedded", "esreason.io",
+                          "esreason.verifiers", "esreason.tasks", "esreason.errors"),
+    # The bottom layer beside the core: run directories and files, the embedded model, tasks, verifiers.
+    "esreason.io": ("esreason.io", "esreason.errors", "esreason.embedded"),
+    "esreason.embedded": ("esreason.embedded", "esreason.errors", "esreason.io", "esreason.tasks"),
 }
 
 

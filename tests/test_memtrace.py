@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from esreason.experiments import memplan
-from esreason.experiments.architectures import architecture, hf_config, known, parameter_count
+from esreason.io.architectures import architecture, hf_config, known, parameter_count
 from esreason.experiments.memtrace import trace_forward, trace_grpo_microstep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def test_every_gpu_stage_plans_host_ram_pinned_memory_and_disk_per_node():
     (backends/pinned.PinnedArena; one tensor at a time they rounded to about twice that), the start
     state is on disk once per node, and under FSDP only rank 0 reads the policy (TRL's reference is
     read by every process)."""
-    from esreason.experiments.architectures import architecture, parameter_count
+    from esreason.io.architectures import architecture, parameter_count
 
     plan = _plan("easy-qwen2.5-7b")
     params = parameter_count(architecture("Qwen/Qwen2.5-7B-Instruct"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from esreason.backends.pinned import ALIGN, PinnedArena, plan_layout
-from esreason.experiments.architectures import architecture, hf_config
+from esreason.io.architectures import architecture, hf_config
 
 
 def _qwen7b_master_specs() -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from esreason.eval.scoring import EntropyScorer
+from esreason.backends.scoring import EntropyScorer
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ def test_teacher_forced_entropy_equals_the_sampler_on_its_responses(demo, tmp_pa
     """Score the responses the HF harness wrote; compare with the entropy it recorded while sampling."""
     from esreason import tasks
     from esreason.eval.harness import evaluate
-    from esreason.eval.scoring import EntropyScorer
+    from esreason.backends.scoring import EntropyScorer
 
     model, tok = demo
     evaluate("demo", ["demo-add", "demo-sub"], output_dir=tmp_path / "hf", samples=4, limit=3,
@@ -76,7 +76,7 @@ def test_heldout_on_pool_engines(ray_local):
     from esreason.backends.ray_pool import build_ray_pool
     from esreason.backends.sampling import Sampler
     from esreason.backends.vllm_eval import sampler_generate_requests
-    from esreason.eval.scoring import EntropyScorer
+    from esreason.backends.scoring import EntropyScorer
     from ray_helpers import tiny_es_cfg
 
     model, tok = load_model("demo")

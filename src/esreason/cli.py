@@ -45,7 +45,9 @@ def _cmd_train_es(args: argparse.Namespace) -> int:
     from esreason.config import load_config
     from esreason.es_loop.run import run_es
 
-    cfg = load_config(args.config, args.set or [])
+    from esreason.config_logging import wandb_sets
+
+    cfg = load_config(args.config, [*(args.set or []), *wandb_sets(args)])
     output = Path(args.output) if args.output else _default_output(args.config, "es")
     result = run_es(cfg, output, resume=args.resume, progress=not args.no_progress, resume_from=args.resume_from)
     print(f"ES run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
@@ -100,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_train_es)
+    from esreason.config_logging import add_wandb_flag
+
+    add_wandb_flag(p)
 
     from esreason.grpo.run import add_resume_from
     from esreason.grpo.run import register as register_grpo

@@ -22,6 +22,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
+from esreason.config_logging import LoggingConfig
 from esreason.errors import UserError
 
 
@@ -236,6 +237,7 @@ class RunConfig(RunBase):
     eval: EvalConfig = field(default_factory=EvalConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     coverage: CoverageConfig = field(default_factory=CoverageConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -248,7 +250,6 @@ def require(cond: bool, key: str, msg: str) -> None:
     """Raise :class:`ConfigError` ``config key '<key>': <msg>`` unless ``cond`` (``key`` dotted)."""
     if not cond:
         raise ConfigError(f"config key '{key}': {msg}")
-
 
 
 def validate_run(cfg: Any) -> None:
@@ -412,13 +413,15 @@ def build(cls: type, data: Mapping[str, Any] | None, prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+class Replace(dict):
+    """A ``--set`` value that is a mapping: :func:`merge` puts it in place of the section, not into it."""
+
+
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """``["es.sigma=1e-3", "model=demo"]`` -> nested dict; values parsed as YAML scalars."""
+    """``["es.sigma=1e-3", "model=demo"]`` -> nested dict of YAML values; a mapping value replaces its section."""
     out: dict[str, Any] = {}
     for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
-        key, raw = item.split("=", 1)
+        key, raw = item.split("=", 1) if "=" in item else ("", "")
         key = key.strip()
         if not key:
             raise ConfigError(f"--set expects key=value, got {item!r}")
@@ -426,24 +429,21 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        node = out
-        parts = key.split(".")
+        node, parts = out, key.split(".")
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: '{p}' is not a section")
-        node[parts[-1]] = value
+        node[parts[-1]] = Replace(value) if isinstance(value, dict) else value
     return out
 
 
 def merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge (``over`` wins)."""
+    """Recursive dict merge (``over`` wins); a :class:`Replace` value replaces the section (as a plain dict)."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = merge(dict(out[k]), v)
-        else:
-            out[k] = v
+        nested = isinstance(v, Mapping) and isinstance(out.get(k), Mapping) and not isinstance(v, Replace)
+        out[k] = merge(dict(out[k]), v) if nested else dict(v) if isinstance(v, Replace) else v
     return out
 
 

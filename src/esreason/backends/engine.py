@@ -13,7 +13,11 @@ crosses the process boundary, except the full state on start-up and on re-broadc
 State snapshots (``export_state`` / ``load_state``) are the files of an ordinary
 checkpoint (:meth:`HFPolicy.save`: ``model.safetensors``, tokenizer files and, with
 master weights, ``es_master/master.safetensors``) as ``{relative path: bytes}``; safetensors
-round-trips every bit, so a re-broadcast engine is bit-identical to its source.
+round-trips every bit, so a re-broadcast engine is bit-identical to its source. Engines start from
+either those bytes or a :class:`StateDir`: the same files already written once on the node
+(:func:`shared_state_dir`), passed by path. The Ray pool passes a :class:`StateDir` (issue 35,
+item 5): bytes sent as an actor argument are deserialised into every engine's heap (45.7 GB per
+engine at 7B with fp32 masters).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -34,6 +38,23 @@ from esreason.errors import UserError
 
 #: A checkpoint as ``{relative file name: file bytes}``.
 StateFiles = dict[str, bytes]
+
+
+@dataclass(frozen=True)
+class StateDir:
+    """A start state by path: the directory :func:`shared_state_dir` wrote (``.complete`` in it)."""
+
+    path: str
+    """The directory on the node that wrote it (the pool's driver)."""
+    key: str
+    """Its :func:`state_key`: the directory's name under :func:`shared_state_root` on every node."""
+    files: Any = None
+    """Where an engine on another node gets the bytes to write its node's copy (a Ray object
+    reference of the :data:`StateFiles`, fetched once per node); None on a one-node cluster."""
+
+
+#: What an engine starts from: the files' bytes, or where they already are on the node.
+StartState = StateFiles | StateDir
 
 
 @dataclass(frozen=True)
@@ -74,8 +95,8 @@ class Engine(Protocol):
     def export_state(self) -> StateFiles:
         """The centre as checkpoint files."""
 
-    def load_state(self, state: StateFiles) -> None:
-        """Replace the centre by ``state`` (from :meth:`export_state` of a same-kind engine)."""
+    def load_state(self, state: StartState) -> None:
+        """Replace the centre by ``state`` (from :meth:`export_state` of a same-kind engine, or its directory)."""
 
 
 #: Threads that hash a checksum's tensors at once (hashlib releases the GIL on large buffers).
@@ -174,24 +195,50 @@ def shared_state_dir(state: Mapping[str, bytes], root: str | Path | None = None)
     The directory lives until :func:`remove_shared_state` (the pool's close) or the temp dir's own
     cleanup; a restarted engine finds it again.
     """
+    return write_once(shared_state_root(root) / state_key(state), lambda: state)
+
+
+def write_once(out: Path, files: Callable[[], Mapping[str, bytes]]) -> Path:
+    """Directory ``out`` holding ``files()``, written by the first caller on the node under a file
+    lock (the others wait, then find ``.complete`` and never call ``files``)."""
     import os
     import shutil
 
     from filelock import FileLock
 
-    base = shared_state_root(root)
-    base.mkdir(parents=True, exist_ok=True)
-    out = base / state_key(state)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):
         if (out / ".complete").is_file():
             return out
-        staging = base / f".{out.name}.{os.getpid()}.tmp"
+        staging = out.parent / f".{out.name}.{os.getpid()}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
-        write_state(state, staging)
+        write_state(files(), staging)
         (staging / ".complete").write_bytes(b"")
         shutil.rmtree(out, ignore_errors=True)
         os.replace(staging, out)
     return out
+
+
+def start_directory(state: StartState) -> Path:
+    """The complete start-state directory on this node: a :class:`StateDir`'s own (UserError naming
+    it when incomplete: the engine's host fetches the bytes first, ``ray_pool.local_state``), or
+    the node's shared copy of the bytes (:func:`shared_state_dir`)."""
+    if not isinstance(state, StateDir):
+        return shared_state_dir(state)
+    out = Path(state.path)
+    if not (out / ".complete").is_file():
+        raise UserError(f"start state {out} is not on this node (no {out / '.complete'}); "
+                        "the pool writes it on its own node and sends the bytes for the others")
+    return out
+
+
+def state_config_files(state: StartState) -> StateFiles:
+    """The state's small files (config, tokenizer: all but ``*.safetensors``) as bytes."""
+    if not isinstance(state, StateDir):
+        return {n: d for n, d in state.items() if not n.endswith(".safetensors")}
+    root = start_directory(state)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.endswith(".safetensors") and p.name != ".complete"}
 
 
 def remove_shared_state(state: Mapping[str, bytes] | str, root: str | Path | None = None) -> None:
@@ -244,18 +291,18 @@ class HFEngineOptions:
 class HFEngine:
     """A transformers model + :class:`HFPolicy` + :class:`Sampler`, rebuilt from checkpoint files."""
 
-    def __init__(self, options: HFEngineOptions, state: StateFiles) -> None:
+    def __init__(self, options: HFEngineOptions, state: StartState) -> None:
         self.options = options
         self.group: Any = None  # the pool's process group (sharded update), after join_group
         torch.set_num_threads(max(1, int(options.threads)))
         self.load_state(state)
 
-    def load_state(self, state: StateFiles) -> None:
+    def load_state(self, state: StartState) -> None:
         from esreason.backends.hf import HFPolicy, load_model
         from esreason.backends.sampling import Sampler
 
         o = self.options
-        start = str(shared_state_dir(state))  # one copy per node, shared by its engines
+        start = str(start_directory(state))  # one copy per node, shared by its engines
         model, tokenizer = load_model(start, o.dtype, o.device)
         policy = HFPolicy(model, tokenizer, restore=o.restore, master_weights=o.master_weights,
                           direction_cache_mb=o.direction_cache_mb, perturbation=o.perturbation, rank=o.rank)

@@ -38,9 +38,12 @@ import math
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, MutableMapping, Sequence
 
 from esreason.errors import UserError
+
+if TYPE_CHECKING:
+    from esreason.backends.engine import StartState
 
 NOSET_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 VLLM_START_TIMEOUT_S = 1800.0
@@ -120,6 +123,34 @@ def engine_start_timeout(kind: str, env: MutableMapping[str, str]) -> float:
     return value
 
 
+def local_state(state: StartState) -> StartState:
+    """``state`` with its directory on this node (issue 35, item 5).
+
+    The pool sends a :class:`StateDir`: the path of the copy its driver wrote. Engines on that
+    node (or on a filesystem all nodes share) read it as is. On another node the first engine
+    fetches the bytes (``state.files``, one object-store copy) and writes this node's copy under
+    :func:`shared_state_root`; the others wait on its lock and read the copy. Only that first
+    engine of another node ever holds the state's bytes.
+    """
+    from esreason.backends.engine import StateDir, shared_state_root, write_once
+
+    if not isinstance(state, StateDir) or (Path(state.path) / ".complete").is_file():
+        return state
+    if state.files is None:
+        raise RuntimeError(f"start state {state.path} is not on {_hostname()} and the pool sent no copy "
+                           "(it sends one whenever its Ray cluster has more than one node)")
+    import ray
+
+    out = write_once(shared_state_root() / state.key, lambda: ray.get(state.files))
+    return StateDir(str(out), state.key)
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
 __all__ = ["HF_START_TIMEOUT_S", "NOSET_VISIBLE_DEVICES", "VLLM_START_TIMEOUT_S", "engine_start_timeout",
-           "gpu_share", "gpu_start_lock", "pin_visible_gpu", "ray_gpu_assignment",
+           "gpu_share", "gpu_start_lock", "local_state", "pin_visible_gpu", "ray_gpu_assignment",
            "split_utilization"]

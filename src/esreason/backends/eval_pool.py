@@ -215,7 +215,7 @@ def pool_generator(evaluator: Any, tokenizer: Any, scorer: Any) -> EngineGenerat
     or a :class:`~esreason.backends.ray_pool.RayEnginePool`); its engines hold the centre
     between steps (an actor runs the calls it was sent in order, so a held-out call sent
     after an update's ``apply_update`` sees the updated centre). scorer: the driver's
-    :class:`~esreason.eval.scoring.EntropyScorer` over the trainer's policy.
+    :class:`~esreason.backends.scoring.EntropyScorer` over the trainer's policy.
     """
     engine = getattr(evaluator, "engine", None)
     if getattr(engine, "llm", None) is not None:

@@ -121,7 +121,7 @@ def vllm_stream(llm: Any, groups: Sequence[RequestGroup], params: SamplingParams
 
     Sampled rows use ``params`` (temperature, top-p, max_new_tokens) and their own seed; greedy rows
     temperature 0. Entropies (``params.compute_entropy``) are scored by ``scorer`` (an
-    :class:`~esreason.eval.scoring.EntropyScorer`) in a thread beside the engine loop.
+    :class:`~esreason.backends.scoring.EntropyScorer`) in a thread beside the engine loop.
     """
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind

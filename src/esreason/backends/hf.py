@@ -76,7 +76,7 @@ def model_dtype(spec: str) -> str:
     bfloat16 for the paper's models), one of :data:`DTYPES`; float32 when it names none or another.
     Reads a local directory's config.json, the package's architecture table for a known hub id
     (no hub access), else transformers' AutoConfig (the hub)."""
-    from esreason.experiments.architectures import known
+    from esreason.io.architectures import known
 
     if spec in known():
         raw = known()[spec].get("torch_dtype")

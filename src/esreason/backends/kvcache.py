@@ -173,14 +173,22 @@ class PreallocatedLayer(DynamicLayer):
         self.is_initialized = False
 
 
+def plain_full_attention(config: Any) -> bool:
+    """Whether ``config``'s default ``DynamicCache`` holds only plain full-attention ``DynamicLayer``s
+    (Llama, Qwen2, Mistral without sliding window, ...): every layer attends to every cached position,
+    so one padding mask serves all layers."""
+    layers = DynamicCache(config=config).layers
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
 def preallocated_cache(config: Any, capacity: int) -> DynamicCache | None:
     """A ``DynamicCache`` for ``config`` whose layers preallocate ``capacity`` positions.
 
     Returns None (use the model's default cache) unless every layer of the default cache
-    is a plain full-attention ``DynamicLayer``.
+    is a plain full-attention ``DynamicLayer`` (:func:`plain_full_attention`).
     """
-    cache = DynamicCache(config=config)
-    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+    if not plain_full_attention(config):
         return None
+    cache = DynamicCache(config=config)
     cache.layers = [PreallocatedLayer(capacity) for _ in cache.layers]
     return cache

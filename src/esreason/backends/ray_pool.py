@@ -43,17 +43,18 @@ from typing import Any, Callable, Sequence
 
 from esreason.backends.base import SamplingParams
 from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
-                                      StateFiles, check_noise_domains, policy_checksum,
-                                      policy_noise_domain, policy_state, remove_shared_state, state_key)
-from esreason.backends.engine_env import (engine_start_timeout, gpu_share, gpu_start_lock, pin_visible_gpu,
-                                          ray_gpu_assignment)
+                                      StartState, StateDir, StateFiles, check_noise_domains, policy_checksum,
+                                      policy_noise_domain, policy_state, remove_shared_state, shared_state_dir,
+                                      state_key)
+from esreason.backends.engine_env import (engine_start_timeout, gpu_share, gpu_start_lock, local_state,
+                                          pin_visible_gpu, ray_gpu_assignment)
 from esreason.backends.ray_connect import check_address, import_ray  # noqa: F401 (import_ray re-exported)
 from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
 
-def build_engine(kind: str, options: Any, state: StateFiles) -> Engine:
+def build_engine(kind: str, options: Any, state: StartState) -> Engine:
     """The engine of ``kind`` ('hf' or 'vllm') built from checkpoint files."""
     if kind == "hf":
         return HFEngine(options, state)
@@ -67,7 +68,8 @@ def build_engine(kind: str, options: Any, state: StateFiles) -> Engine:
 class EngineHost:
     """The body of one Ray actor: builds an engine and forwards the pool's calls to it."""
 
-    def __init__(self, kind: str, options: Any, state: StateFiles) -> None:
+    def __init__(self, kind: str, options: Any, state: StartState) -> None:
+        state = local_state(state)
         gpu_ids, held = ray_gpu_assignment()
         if kind == "vllm":
             pinned = pin_visible_gpu(os.environ, gpu_ids)
@@ -115,8 +117,8 @@ class EngineHost:
     def export_state(self) -> StateFiles:
         return self.engine.export_state()
 
-    def load_state(self, state: StateFiles) -> None:
-        self.engine.load_state(state)
+    def load_state(self, state: StartState) -> None:
+        self.engine.load_state(local_state(state))
 
 
 @dataclass
@@ -389,10 +391,15 @@ class RayEnginePool:
         if self.check_every and (step + 1) % self.check_every == 0:
             self.check_consistency(step)
 
-    def _put_state(self, state: StateFiles) -> Any:
-        """``state`` in the object store (one copy per node), its key remembered for :meth:`close`."""
-        self._state_keys.add(state_key(state))
-        return self.ray.put(state)
+    def _put_state(self, state: StateFiles) -> StateDir:
+        """``state`` written once on this node and passed to the engines by path (its key remembered
+        for :meth:`close`); the bytes go to the object store only for a cluster of several nodes,
+        whose other nodes write their own copy from them (:func:`local_state`)."""
+        key = state_key(state)
+        self._state_keys.add(key)
+        path = shared_state_dir(state)
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        return StateDir(str(path), key, self.ray.put(state) if len(nodes) > 1 else None)
 
     def close(self) -> None:
         """Kill the engines, remove their placement groups and this node's shared start states, and

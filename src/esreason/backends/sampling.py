@@ -64,6 +64,21 @@ decoding T = 1, i.e. the model's own distribution. The step that emits EOS is *n
 counted, so ``entropy_sum[i] / len(token_ids[i])`` is exactly the mean over the returned
 tokens (TRL counts the EOS position too; the difference is one position per response).
 
+Two decode loops (``loop``)
+---------------------------
+Steps 3-5 above run in one of two loops with the same contract (prompts, budgets, stop rules,
+compaction rule, uniforms, returned fields). ``"cpu"`` is the loop described above, tuned for
+PyTorch's CPU kernels (window KV buffers; a stop check with a host read every step); its outputs
+are pinned in tests/test_decode_pinned.py. ``"cuda"`` (:mod:`esreason.backends.leandecode`) issues
+as few ATen calls per step as it can, because on an accelerator every call is a kernel launch or
+a dispatch and a 1.5B decode step is launch-bound: the model's own cache, no 2-D mask for the
+model to rebuild every step (none when the chunk has no padding), tokens and entropies kept on the
+device and turned into lengths and stop ids once per chunk, a host read only when the chunk has
+stop ids. ``"auto"`` (default) takes ``"cpu"`` when ``device`` is the CPU and ``"cuda"`` on any
+other device; the value can be forced either way (benchmarks/decode_ops.py counts the ``"cuda"``
+loop's operations on the CPU). On the CPU both loops give the same token ids with
+``cache="dynamic"`` (tests/test_decode_ops.py).
+
 Returned ``token_ids`` exclude the EOS token; ``texts`` are decoded with
 :func:`esreason.embedded.safe_decode` (special tokens dropped, ids the tokenizer never
 assigned dropped instead of crashing the decoder).
@@ -81,7 +96,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from esreason.backends import topp
+from esreason.backends import leandecode, topp
 from esreason.backends.kvcache import cache_keyword, preallocated_cache
 from esreason.backends.base import Generation, SamplingParams
 from esreason.embedded import safe_decode
@@ -153,6 +168,20 @@ def chunk_generator(seed: int, chunk: int) -> torch.Generator:
     return gen
 
 
+def left_pad(rows: list[list[int]], pad_id: int, steps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chunk's left-padded prefill inputs (CPU tensors): ids [B, plen], mask [B, plen + steps] bool
+    (False on padding; preallocated for the response) and position ids [B, plen], 0 on each row's first
+    real token as ``generate`` numbers them."""
+    b0, plen = len(rows), max(len(r) for r in rows)
+    ids = torch.full((b0, plen), pad_id, dtype=torch.long)
+    mask = torch.ones((b0, plen + steps), dtype=torch.bool)
+    for j, r in enumerate(rows):
+        ids[j, plen - len(r):] = torch.tensor(r, dtype=torch.long)
+        mask[j, :plen - len(r)] = 0
+    pos = (mask[:, :plen].long().cumsum(-1) - 1).clamp_(min=0)
+    return ids, mask, pos
+
+
 class Sampler:
     """Batched KV-cache sampler over a Hugging Face causal LM (implements ``Generator``).
 
@@ -168,15 +197,20 @@ class Sampler:
     share_prefix: prefill each distinct prompt of a chunk once and copy its logits and KV
         cache to the rows that repeat it (32 samples per problem prefill 1/32; same token ids,
         logits equal up to float32 rounding; off by default, see step 3 above).
+    loop: "auto" (the ``"cpu"`` loop on a CPU device, ``"cuda"`` elsewhere), "cpu" or "cuda"
+        (see "Two decode loops" above). The ``"cuda"`` loop always uses the model's default
+        cache, whatever ``cache`` says.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 256, device: Any = None,
                  sort_by_length: bool = True, compact: bool = True, cache: str = "auto",
-                 share_prefix: bool = False) -> None:
+                 share_prefix: bool = False, loop: str = "auto") -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         if cache not in ("auto", "dynamic"):
             raise UserError(f"cache must be 'auto' or 'dynamic', got {cache!r}")
+        if loop not in ("auto", "cpu", "cuda"):
+            raise UserError(f"loop must be 'auto', 'cpu' or 'cuda', got {loop!r}")
         self.cache = cache
         self.model = model
         self.tokenizer = tokenizer
@@ -185,13 +219,14 @@ class Sampler:
         self.sort_by_length = sort_by_length
         self.compact = compact
         self.share_prefix = share_prefix
+        self.loop = loop if loop != "auto" else ("cpu" if self.device.type == "cpu" else "cuda")
         self.eos_ids = _eos_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.max_positions: int | None = getattr(model.config, "max_position_embeddings", None)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._cache_kw = cache_keyword(model)  # "past_key_values" (transformers <= 5.23) or "cache"
+        self.cache_kw = cache_keyword(model)  # "past_key_values" (transformers <= 5.23) or "cache"
         self.last_stats = SamplerStats()
 
     # Public API --------------------------------------------------------------------
@@ -272,14 +307,19 @@ class Sampler:
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
                  cache: Any) -> tuple[torch.Tensor, Any]:
         """One model call; returns (last-position logits [B, V], the updated cache)."""
-        kwargs: dict[str, Any] = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                                      use_cache=True)
-        kwargs[self._cache_kw] = cache
-        if self._logits_to_keep:
-            kwargs["logits_to_keep"] = 1
+        kwargs = self.forward_kwargs(cache)
+        kwargs.update(input_ids=input_ids, attention_mask=mask, position_ids=position_ids)
         out = self.model(**kwargs)
         self.last_stats.forwards += 1
-        return out.logits[:, -1, :], getattr(out, self._cache_kw)
+        return out.logits[:, -1, :], getattr(out, self.cache_kw)
+
+    def forward_kwargs(self, cache: Any) -> dict[str, Any]:
+        """The keyword arguments every model call of a decode takes besides its inputs: ``use_cache``,
+        the cache under :attr:`cache_kw` and ``logits_to_keep=1`` where the model accepts it."""
+        kwargs: dict[str, Any] = {"use_cache": True, self.cache_kw: cache}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        return kwargs
 
     def _prefill(self, rows: list[list[int]], ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
                  cache: Any) -> tuple[torch.Tensor, Any]:
@@ -311,14 +351,12 @@ class Sampler:
         dev = self.device
         b0, plen = len(rows), max(len(r) for r in rows)
         steps = max(budgets)
-        # Left padding: [B, plen] ids; the mask is preallocated for prompt + response.
-        ids = torch.full((b0, plen), self.pad_id, dtype=torch.long)
-        mask = torch.ones((b0, plen + steps), dtype=torch.bool)
-        for j, r in enumerate(rows):
-            ids[j, plen - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[j, :plen - len(r)] = 0
-        pos = (mask[:, :plen].long().cumsum(-1) - 1).clamp_(min=0)  # [B, plen]; 0 on each first real token
+        ids, mask, pos = left_pad(rows, self.pad_id, steps)
         ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
+        if self.loop == "cuda":  # the model's own cache; the steps in leandecode
+            logits, cache = self._prefill(rows, ids, mask[:, :plen], pos, None)  # [B, V]
+            return leandecode.decode_steps(self, logits, cache, rows, mask, budgets, params, gen, stop_ids,
+                                           compact_below=COMPACT_BELOW)
         next_pos = pos[:, -1] + 1  # [B] position of the first response token
         # Rows that stopped at the context limit but are not compacted away yet are still fed;
         # keep their positions inside the table (models with learned position embeddings).

@@ -35,8 +35,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from esreason.backends.base import Generation, SamplingParams
-from esreason.backends.engine import MemberOutput, ResultCollector, StateFiles, policy_checksum, policy_state, \
-    remove_shared_state, shared_state_dir
+from esreason.backends.engine import MemberOutput, ResultCollector, StartState, StateFiles, policy_checksum, \
+    policy_state, remove_shared_state, start_directory, state_config_files
 from esreason.backends.inplace_check import PROBE_SIGMA, inplace_update_check
 from esreason.errors import UserError
 
@@ -122,13 +122,13 @@ class VLLMEngine:
     a failure in eager mode is an error. vLLM on CPU always runs eager (:meth:`_cpu_platform`).
     """
 
-    def __init__(self, options: VLLMEngineOptions, state: StateFiles) -> None:
+    def __init__(self, options: VLLMEngineOptions, state: StartState) -> None:
         vllm = import_vllm()
         self.options = options
         self._vllm = vllm
-        self._model_dir = engine_model_dir(state)
+        self._model_dir = engine_model_dir(state_config_files(state))
         eager = options.enforce_eager or self._cpu_platform()  # see _cpu_platform
-        start = shared_state_dir(state)  # the start weights, one copy per node; read once by es_setup
+        start = start_directory(state)  # the start weights, one copy per node; read once by es_setup
         self._start_state = start
         self._start(str(start), eager)
         self.inplace_check = self._check_inplace()  # the graph-mode verdict (None: writes are seen)
@@ -278,8 +278,8 @@ class VLLMEngine:
             root = self.export(tmp)
             return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
-    def load_state(self, state: StateFiles) -> None:
-        self._rpc("es_load", str(shared_state_dir(state)))
+    def load_state(self, state: StartState) -> None:
+        self._rpc("es_load", str(start_directory(state)))
 
     def close(self) -> None:
         """Free the engine and remove its start state (in a Ray pool engines are killed instead, and

@@ -19,7 +19,7 @@ One call of :class:`EngineGenerator`:
    with one GPU) and merged back in prompt order;
 4. texts are decoded on the driver with :func:`esreason.embedded.safe_decode`, like the
    sampler's; token ids exclude the stop token; the entropy sums (``compute_entropy``) come
-   from a teacher-forced pass (:class:`esreason.eval.scoring.EntropyScorer`) over the
+   from a teacher-forced pass (:class:`esreason.backends.scoring.EntropyScorer`) over the
    sampled responses: on the engine's device by its own transformers copy (``esreason
    eval``), or on the driver by the trainer's policy (held-out evaluation during ES).
 
@@ -139,7 +139,7 @@ class VLLMEvalEngine:
 
     def __init__(self, options: EvalEngineOptions) -> None:
         from esreason.backends.hf import load_model
-        from esreason.eval.scoring import EntropyScorer
+        from esreason.backends.scoring import EntropyScorer
 
         vllm = import_vllm()
         kwargs: dict[str, Any] = dict(model=options.model, tokenizer=options.model, dtype=options.dtype, seed=0,
@@ -263,7 +263,7 @@ class EngineGenerator:
     tokenizer: the model's tokenizer (prompts are tokenised and responses decoded here).
     engines: how many engines ``submit`` can address. submit/collect: dispatch one block
         and gather all blocks (in-process: call directly; Ray: ``.remote`` and ``ray.get``).
-    scorer: an :class:`~esreason.eval.scoring.EntropyScorer` on the driver, or None when the
+    scorer: an :class:`~esreason.backends.scoring.EntropyScorer` on the driver, or None when the
         engines compute entropies themselves.
     identity: the weights' identity recorded in the evaluation manifest.
     """

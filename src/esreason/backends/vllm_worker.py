@@ -41,7 +41,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -165,20 +165,22 @@ class ESWorkerExtension:
         return self._es_params[slot.vllm_name].data[slot.start:slot.stop]  # [*slot.shape] model dtype
 
     def _es_load(self, checkpoint_dir: str) -> str:
-        """Copy HF weights (and fp32 masters) from ``checkpoint_dir`` into the model; retake the centre."""
-        from safetensors.torch import load_file
+        """Copy HF weights (and fp32 masters) from ``checkpoint_dir`` into the model; retake the centre.
 
-        weights = load_file(str(Path(checkpoint_dir) / WEIGHTS_FILE))
-        master_path = master_file(checkpoint_dir)
-        masters = load_file(str(master_path)) if self._es_master and master_path is not None else None
+        Tensor by tensor (issue 35, item 5): ``load_file`` of the masters held the whole file (28.4
+        GiB at 7B) beside the centre copy it was copied into; now the host holds the centre copy
+        and one tensor of the file at a time (:func:`read_tensors`).
+        """
+        slots = {s.hf_name: s for s in self._es_slots}
         with torch.no_grad():
-            for slot in self._es_slots:
-                view = self._es_view(slot)
-                view.copy_(weights[slot.hf_name].to(view.device))
-        return self._es_snapshot(masters)
+            for name, t in read_tensors(Path(checkpoint_dir) / WEIGHTS_FILE, list(slots)):
+                copy_tensor(self._es_view(slots[name]), t)
+        master_path = master_file(checkpoint_dir) if self._es_master else None
+        return self._es_snapshot(master_path)
 
-    def _es_snapshot(self, masters: Mapping[str, torch.Tensor] | None = None) -> str:
-        """Save the centre copy (fp32 masters or model dtype) on the device or in pinned host memory."""
+    def _es_snapshot(self, master_path: Path | None = None) -> str:
+        """Save the centre copy (fp32 masters or model dtype) on the device or in host memory (pinned
+        on a GPU), filled tensor by tensor from ``master_path`` (else from the model's weights)."""
         views = {s.hf_name: self._es_view(s) for s in self._es_slots}
         device = next(iter(views.values())).device
         item = 4 if self._es_master else next(iter(views.values())).element_size()
@@ -195,20 +197,21 @@ class ESWorkerExtension:
         if old_arena is not None:  # a new start state: the previous centre's pages are unlocked first
             old_arena.close()
         self._es_arena = None
-        centre = {}
-        if where == "pinned host memory":
-            # One buffer of exactly the bytes needed, page-locked once (backends/pinned.py): tensor by
-            # tensor, torch's caching host allocator would round each up to a power of two.
+        self._es_centre = None  # the previous centre is freed before the next is allocated
+        specs = {n: (tuple(v.shape), target_dtype or v.dtype) for n, v in views.items()}
+        if where == "device":
+            centre = {n: torch.empty(shape, dtype=dtype, device=device) for n, (shape, dtype) in specs.items()}
+        else:
+            # One buffer of exactly the bytes needed, page-locked once on a GPU (backends/pinned.py): tensor
+            # by tensor, torch's caching host allocator would round each up to a power of two.
             from esreason.backends.pinned import PinnedArena
 
-            self._es_arena = PinnedArena({n: (tuple(v.shape), target_dtype or v.dtype) for n, v in views.items()})
-            for name, v in views.items():
-                centre[name] = self._es_arena.tensors[name]
-                centre[name].copy_(masters[name] if masters is not None else v)
-        else:
-            for name, v in views.items():
-                src = masters[name] if masters is not None else v
-                centre[name] = src.to(device=device, dtype=target_dtype or v.dtype, copy=True)
+            self._es_arena = PinnedArena(specs, register=None if where == "pinned host memory" else False)
+            centre = self._es_arena.tensors
+        source = read_tensors(master_path, list(views)) if master_path is not None else views.items()
+        with torch.no_grad():
+            for name, t in source:
+                copy_tensor(centre[name], t)
         self._es_centre = centre if (self._es_restore == "exact" or self._es_master) else None
         log.info("es: centre copy (%.1f MiB) in %s", need / 2**20, where)
         return where
@@ -322,6 +325,21 @@ class ESWorkerExtension:
         if self._es_active is not None:
             raise RuntimeError("es_load while a member is applied")
         return self._es_load(checkpoint_dir)
+
+
+def read_tensors(path: str | Path, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of ``names`` from safetensors file ``path``, one at a time, each file opened for
+    one tensor. safetensors 0.8's ``get_tensor`` returns a view of the file's memory map: the pages
+    it touches count in the process's resident memory until the file is closed, so one open file
+    read whole would hold every tensor it served (measured: tests/test_engine_host_memory.py).
+    Opening it per tensor re-reads its header (tens of KB) each time."""
+    from safetensors import safe_open
+
+    for name in names:
+        with safe_open(str(path), framework="pt") as f:
+            tensor = f.get_tensor(name)
+        yield name, tensor
+        del tensor
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -105,12 +105,42 @@ def subtract_tensor(p: torch.Tensor, name: str, seed: int, sigma: float, *, rank
         piece.copy_(_plus_noise(piece.to(_F32), eps, lowrank, -sigma))
 
 
+def _host_to_device(t: torch.Tensor, device: torch.device, pinned: bool) -> torch.Tensor:
+    """``t`` (a host piece) on ``device`` in its own dtype: asynchronous on the current stream when
+    ``t`` is page-locked (the reads that follow run on the same stream, after it)."""
+    return t.to(device, non_blocking=pinned)
+
+
 @torch.no_grad()
 def copy_tensor(p: torch.Tensor, source: torch.Tensor) -> None:
-    """p <- source (rounded to p's dtype), piece by piece so a host or fp32 source needs no full temporary."""
+    """p <- source (rounded to p's dtype), piece by piece so a host or fp32 source needs no full temporary.
+
+    Where the two differ in both device and dtype (exact restore from fp32 masters in pinned host
+    memory into a bf16 model on the GPU: ``vllm_worker.es_restore``), the piece is first moved in
+    its own dtype (``non_blocking`` from page-locked memory, on the current stream), then converted
+    on the device that is not the CPU (issue 35, item 4). A single blocking ``copy_`` would convert
+    on the CPU instead: ATen's ``copy_kernel_cuda`` (aten/src/ATen/native/cuda/Copy.cu) says "For
+    blocking transfers conversions are performed on CPU to avoid allocating extra GPU memory" --
+    one thread of an engine's actor converting 28 GiB at 7B for every member. The extra device
+    memory is one piece in the source dtype (<= 16 MiB). Bit-exactness is unchanged: a float
+    narrowing (fp32 -> bf16 / fp16) rounds to nearest, ties to even, on the CPU and on CUDA alike
+    (c10/util/BFloat16.h: ``round_to_nearest_even`` is ``C10_HOST_DEVICE``, CUDA's
+    ``__float2bfloat16`` rounds to nearest even; fp16 is the IEEE 754 default rounding on both), so
+    the device conversion writes the bits the host conversion wrote (NaN payloads aside: masters
+    hold none). Same device or same dtype: one ``copy_``, as before.
+    """
     flat, sflat = _flat(p), _flat(source)
+    convert_where = None
+    if source.device != p.device and source.dtype != p.dtype:
+        convert_where = "source" if p.device.type == "cpu" else "target"
+    pinned = convert_where == "target" and source.device.type == "cpu" and source.is_pinned()
     for _, start, stop in block_spans(p.numel()):
-        flat[start:stop].copy_(sflat[start:stop])
+        piece = sflat[start:stop]
+        if convert_where == "target":  # host -> device: move in the source dtype, convert on the device
+            piece = _host_to_device(piece, p.device, pinned)
+        elif convert_where == "source":  # device -> host: convert on the device, move the narrower bits
+            piece = piece.to(p.dtype)
+        flat[start:stop].copy_(piece)
 
 
 def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from esreason.config import to_dict
+from esreason.config_logging import without_logging
 from esreason.errors import UserError
 from esreason.io.manifest import MANIFEST_FILE
 from esreason.io.verify import DamagedFile, read_json_object, read_yaml_mapping, warn
@@ -58,7 +59,9 @@ def _train(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def extension(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, list[Any]] | None:
-    """{key: [old, new]} when ``now`` only raises the run's length over ``saved``; {} when equal; None otherwise."""
+    """{key: [old, new]} when ``now`` only raises the run's length over ``saved``; {} when equal; None otherwise.
+    The ``logging`` section is not compared (:func:`esreason.config_logging.without_logging`)."""
+    saved, now = without_logging(saved), without_logging(now)
     if saved == now:
         return {}
     st, nt = _train(saved), _train(now)

@@ -58,7 +58,7 @@ def heldout_generator(evaluator: Any, policy: Any, generator: Any, tokenizer: An
     engines or the in-process engine, entropies scored by the trainer's policy, which holds the
     same centre), else the trainer's own HF sampler."""
     from esreason.backends.eval_pool import pool_generator, runs_on_vllm
-    from esreason.eval.scoring import EntropyScorer
+    from esreason.backends.scoring import EntropyScorer
 
     if not runs_on_vllm(evaluator):
         return generator
@@ -133,6 +133,9 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     from esreason.io.atomic import atomic_write_text
     from esreason.io.verify import select_checkpoint
 
+    from esreason.io.wandb_log import require
+
+    require(cfg.logging.wandb)  # W&B asked for but not installed: one line, before anything is loaded
     resume = resume or resume_from is not None
     out = Path(output)
     run_dir = RunDir(out)
@@ -187,10 +190,18 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
         from esreason.io.atomic import atomic_write_json
 
         atomic_write_json(out / BACKEND_FILE, describe_evaluator(cfg, evaluator))
-        heldout = make_heldout(cfg, heldout_generator(evaluator, policy, generator, tokenizer), tokenizer)
-        with MetricsLogger(out, truncate_after=truncate_after) as logger:
+        sampler = heldout_generator(evaluator, policy, generator, tokenizer)
+        heldout = make_heldout(cfg, sampler, tokenizer)
+        from esreason.io.wandb_log import wandb_metrics
+
+        with MetricsLogger(out, truncate_after=truncate_after) as run_log, \
+                wandb_metrics(cfg.logging.wandb, out, to_dict(cfg), run_log, job_type="es") as logger:
             trainer = ESTrainer(cfg, policy, generator, problems, prompts, scorer, run_dir, logger, heldout,
                                 evaluator=evaluator)
+            if logger is not run_log:  # W&B: its completions table (esreason.es_loop.wandb_samples)
+                from esreason.es_loop.wandb_samples import es_completions
+
+                logger.sample = es_completions(trainer, sampler, cfg.logging.wandb.table_rows)
             return trainer.train(start_step=start_step, progress=progress)
     finally:
         evaluator.close()

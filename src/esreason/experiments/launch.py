@@ -130,7 +130,8 @@ def _sharding_for(cfg: Any) -> Sharding:
         memplan.architecture(cfg.model)
     except UserError:
         return "fsdp"  # unknown architecture: sharding always fits where a replica does
-    total = float(torch.cuda.get_device_properties(0).total_memory) / memplan.GIB
+    local = memplan.local_gpu()  # torch's total_memory: the plan's H100 row holds the same figure
+    total = local[1] if local is not None else memplan.GPU_MEMORY_GIB["h100"][1]
     # the traced memory plan (activations included), as `esreason experiment plan` reports it
     return memplan.pick_sharding(cfg, max(torch.cuda.device_count(), 1), total)
 

@@ -11,11 +11,21 @@ draws (with replacement; order statistics):
 
 over the sorted capped lengths x_(1) <= ... <= x_(N). Greedy rows are left out (the plan's calls
 are sampled ones, and greedy calls are few).
+
+Without ``--lengths`` the plan uses :class:`LengthModel` (issue 36): a share ``runaway`` of the
+responses never ends and stops at the cap (greedy and sampled repetition loops land at
+``max_new_tokens``), the rest is lognormal with the family's mean and spread (plan_table), so
+
+    P(length <= x) = (1 - runaway) F(x)  for x < cap,   and 1 at the cap,
+
+and the expected longest of n draws is the same order statistic in integral form:
+E[min(cap, max of n)] = integral over [0, cap] of 1 - ((1 - runaway) F(x))^n dx.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +51,63 @@ class MeasuredLengths:
         for k, x in enumerate(self.lengths, start=1):
             total += min(x, cap) * ((k / size) ** n - ((k - 1) / size) ** n)
         return total
+
+    def survival(self, t: float, cap: float) -> float:
+        """P(min(length, cap) > t): the share of a call's rows still decoding after t steps."""
+        if t >= cap:
+            return 0.0
+        return sum(1 for x in self.lengths if x > t) / len(self.lengths)
+
+
+#: Midpoint steps of the integrals below (error far below the plan's other uncertainties: the
+#: simulation test in tests/test_plan_terms.py holds them to 2 %).
+_STEPS = 4000
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Response lengths when none were measured: a ``runaway`` share at the cap, the rest lognormal
+    with mean ``mean`` and standard deviation ``cv * mean`` (module docstring)."""
+
+    mean_tokens: float
+    """Mean of the lognormal part (tokens): plan_table.RESPONSE_TOKENS of the family."""
+    cv: float
+    """std / mean of the lognormal part: plan_table.RESPONSE_CV of the family."""
+    runaway: float = 0.0
+    """Share of responses that run to the cap (experiment key ``plan.runaway_share``)."""
+
+    def _lognormal(self) -> tuple[float, float]:
+        s2 = math.log(1.0 + self.cv * self.cv)
+        return math.log(self.mean_tokens) - s2 / 2, math.sqrt(s2)
+
+    def cdf(self, x: float) -> float:
+        """P(length <= x) for x below the cap: (1 - runaway) F(x)."""
+        if x <= 0:
+            return 0.0
+        mu, s = self._lognormal()
+        return (1.0 - self.runaway) * 0.5 * (1.0 + math.erf((math.log(x) - mu) / (s * math.sqrt(2.0))))
+
+    def survival(self, t: float, cap: float) -> float:
+        """P(min(length, cap) > t)."""
+        return 0.0 if t >= cap else 1.0 - self.cdf(t)
+
+    def mean(self, cap: float) -> float:
+        """E[min(length, cap)] = (1 - runaway) E[min(lognormal, cap)] + runaway * cap; the lognormal part
+        in closed form, E[min(L, c)] = e^(mu + s^2/2) Phi((ln c - mu - s^2) / s) + c (1 - Phi((ln c - mu) / s))."""
+        if self.mean_tokens <= 0 or cap <= 0:
+            return 0.0
+        mu, s = self._lognormal()
+        phi = lambda z: 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))  # noqa: E731
+        c = math.log(cap)
+        body = math.exp(mu + s * s / 2) * phi((c - mu - s * s) / s) + cap * (1.0 - phi((c - mu) / s))
+        return (1.0 - self.runaway) * body + self.runaway * cap
+
+    def longest(self, n: int, cap: float) -> float:
+        """E[min(cap, max of n lengths)] = integral over [0, cap] of 1 - P(length <= x)^n dx (midpoint rule)."""
+        if n < 1 or self.mean_tokens <= 0 or cap <= 0:
+            return 0.0
+        dx = cap / _STEPS
+        return dx * sum(1.0 - self.cdf((i + 0.5) * dx) ** n for i in range(_STEPS))
 
 
 def read_lengths(path: str | Path) -> MeasuredLengths:

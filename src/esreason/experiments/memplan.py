@@ -26,14 +26,23 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from esreason.experiments.architectures import architecture, parameter_count
+from esreason.io.architectures import architecture, parameter_count
 from esreason.experiments.memtrace import Trace, trace_forward, trace_grpo_microstep
 
 GIB = 2.0 ** 30
 
-#: GPU memory as the driver reports it (``nvidia-smi`` total), GiB.
+#: What torch reports for an H100 80GB HBM3 (``total_memory``, the ``cudaMemGetInfo`` total), GiB:
+#: 79.11 in torch's out-of-memory message "GPU 0 has a total capacity of 79.11 GiB" on an H100
+#: (vllm-project/vllm#27508; that message prints the cudaMemGetInfo total to 0.01 GiB). nvidia-smi
+#: says 81,559 MiB = 79.65 GiB (/work/shared/gpu-results/2026-11-28-h100/smi.txt), the driver's
+#: figure, which torch never sees; the launcher decides with torch's figure (:func:`local_gpu`).
+H100_TORCH_GIB = 79.11
+
+#: GPU memory per GPU type, GiB: the H100 as torch reports it (:data:`H100_TORCH_GIB`), the same
+#: figure the launcher's sharding choice uses on that GPU; the others as ``nvidia-smi`` reports
+#: them (torch's figure unrecorded: it is lower, by 0.54 GiB on the H100).
 GPU_MEMORY_GIB = {
-    "h100": ("NVIDIA H100 80GB", 81559 / 1024),
+    "h100": ("NVIDIA H100 80GB", H100_TORCH_GIB),
     "a100-40": ("NVIDIA A100 40GB", 40960 / 1024),
     "a100-80": ("NVIDIA A100 80GB", 81920 / 1024),
     "h200": ("NVIDIA H200 141GB", 143771 / 1024),
@@ -324,7 +333,8 @@ def roles_json(roles: list[Role]) -> list[dict[str, Any]]:
 
 
 def local_gpu() -> tuple[str, float] | None:
-    """(name, GiB) of the GPU torch sees, or None."""
+    """(name, GiB) of the GPU torch sees, or None: the capacity the launcher's sharding choice and
+    ``experiment run``'s memory check both use (``total_memory``)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -381,7 +391,7 @@ def experiment_roles(spec: Any, gpus: int, gpu_gib: float) -> list[tuple[str, li
     configs and its evaluation (stages on the CPU have no roles and are left out). ``spec``: an
     :class:`esreason.experiments.spec.ExperimentSpec` (its ``trained_kinds`` and ``eval_settings``)."""
     from esreason.backends.vllm_eval import EvalEngineOptions
-    from esreason.eval.scoring import TOKENS_PER_FORWARD
+    from esreason.backends.scoring import TOKENS_PER_FORWARD
 
     kinds = spec.trained_kinds()
     out = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from esreason.experiments.architectures import architecture, parameter_count
+from esreason.io.architectures import architecture, parameter_count
 from esreason.experiments.memplan import GIB, Role, _bytes, es_masters_gib, masters_fit_on_gpu
 
 
@@ -19,6 +19,34 @@ HOST_TERMS = {
     "node_ram": (2048.0, "GiB",
                  "NVIDIA DGX H100 system memory (2 TB); an 8-GPU cloud node has 1-2 TiB"),
 }
+
+
+def largest_tensor_elements(arch: dict[str, Any]) -> int:
+    """Elements of the largest weight matrix of ``arch``: the embedding (or head), an MLP matrix or
+    the attention's q / o projection."""
+    h, heads = arch["hidden_size"], arch["num_attention_heads"]
+    head_dim = arch.get("head_dim") or h // heads
+    return max(arch["vocab_size"] * h, arch["intermediate_size"] * h, heads * head_dim * h)
+
+
+def engine_start_host_bytes(arch: dict[str, Any], dtype: str, master_weights: str, restore: str,
+                            centre_on_host: bool) -> dict[str, int]:
+    """Host bytes one ES engine holds at start beyond its process (issue 35, item 5), by term.
+
+    ``centre``: the centre copy when it lives in host memory (pinned beside a GPU that has no room
+    for it, or a CPU engine): fp32 masters for a bf16/fp16 model (``es.master_weights``), else the
+    model-dtype copy that exact restore needs. ``load_tensor``: the engine reads its start state
+    (passed by path, never as bytes) one tensor at a time (``vllm_worker.read_tensors``), and the
+    largest tensor's file pages are what it holds beside the centre meanwhile. The model's own
+    weights are not here: on a GPU engine they live on the device; on a CPU engine (the twin) they
+    are part of the model vLLM built before the start state is read.
+    """
+    params = parameter_count(arch)
+    w = _bytes(dtype)
+    masters = (w == 2 and master_weights != "none") or master_weights == "fp32"
+    item = 4 if masters else w
+    centre = params * item if centre_on_host and (masters or restore == "exact") else 0
+    return {"centre": centre, "load_tensor": largest_tensor_elements(arch) * item}
 
 
 def _host_block(ram: Role, pinned: Role, disk: Role) -> dict[str, Any]:
@@ -45,7 +73,8 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
     fp32 masters, the exact-restore centre, the direction cache), one process per vLLM engine, the
     masters each engine pins when they do not fit beside vLLM's reservation (exactly their bytes:
     :class:`esreason.backends.pinned.PinnedArena`), the start state written once per node
-    (:func:`esreason.backends.engine.shared_state_dir`) and the checkpoints kept."""
+    (:func:`esreason.backends.engine.shared_state_dir`) and the checkpoints kept. Each engine reads
+    the start state from that copy one tensor at a time (:func:`engine_start_host_bytes`)."""
     params = parameter_count(architecture(cfg.model))
     w = _bytes(cfg.dtype)
     masters = es_masters_gib(cfg)
@@ -59,10 +88,14 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
     ram.add("processes", HOST_TERMS["process"][0], "-")
     if cfg.backend.type in ("ray", "vllm"):
         ram.add("engine_processes", engines * HOST_TERMS["vllm_engine_process"][0], "backend.engines")
-        if masters and not masters_fit_on_gpu(getattr(cfg.backend, "engines_per_gpu", 1) * masters,
-                                              engine_fraction, gpu_gib):
-            pinned.add("engine_masters", engines * masters, "es.master_weights, backend.engines")
-            ram.add("engine_masters_pinned", engines * masters, "es.master_weights, backend.engines")
+        pinned_masters = bool(masters) and not masters_fit_on_gpu(
+            getattr(cfg.backend, "engines_per_gpu", 1) * masters, engine_fraction, gpu_gib)
+        start = engine_start_host_bytes(architecture(cfg.model), cfg.dtype, cfg.es.master_weights, cfg.es.restore,
+                                        centre_on_host=pinned_masters)
+        if pinned_masters:
+            pinned.add("engine_masters", engines * start["centre"] / GIB, "es.master_weights, backend.engines")
+            ram.add("engine_masters_pinned", engines * start["centre"] / GIB, "es.master_weights, backend.engines")
+        ram.add("engine_load_tensor", engines * start["load_tensor"] / GIB, "backend.engines")
         disk.add("start_state", (w * params / GIB + masters), "- (once per node)")
     disk.add("checkpoints", _checkpoints(cfg, updates) * (w * params / GIB + masters),
              "checkpoint.every, checkpoint.keep_last")

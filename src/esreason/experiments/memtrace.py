@@ -1,7 +1,7 @@
 """Peak device memory of a stage's step, traced with fake tensors at the real shapes (issue 23).
 
 No GPU, no weights, no hub: the model is built from its ``config.json`` values
-(:mod:`esreason.experiments.architectures`) inside ``torch._subclasses.fake_tensor.FakeTensorMode``,
+(:mod:`esreason.io.architectures`) inside ``torch._subclasses.fake_tensor.FakeTensorMode``,
 and ``torch.distributed._tools.mem_tracker.MemTracker`` records every tensor the step allocates
 and frees, by category (parameters, gradients, optimizer states, activations, temporaries). The
 peak is what the caching allocator must hold at once, before fragmentation and everything the
@@ -80,7 +80,7 @@ def _peak(tracker: Any) -> Trace:
 def _model(arch: dict[str, Any], layers: int, dtype: torch.dtype) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    from esreason.experiments.architectures import hf_config
+    from esreason.io.architectures import hf_config
 
     return AutoModelForCausalLM.from_config(hf_config(arch, layers), dtype=dtype)
 

@@ -14,21 +14,25 @@ wall time is the sum of named terms (``stages[].terms_s``; issue 24), modelled o
 - **engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K): each engine's
   decode step is K / speedup times as long (``plan_table.shared_gpu_speedup``), the K engines of a
   GPU share its HBM for the update, and evaluation decode stays at the GPU's many-row rate.
-- **decode**: the generated tokens at the table's throughput (mean response length).
-- **tail**: a synchronous call waits for its longest row. An ES member's B prompts and a GRPO
-  process's share of a rollout batch each take ``E[longest of n]`` decode steps; a vLLM evaluation
-  streams (eval.streamed: each engine its whole share at once, rows refilled as they finish), so it
-  waits once per engine, for the longest of its last wave of ``STREAM_WAVE`` rows (lognormal
-  lengths with the family's mean and spread, capped at ``max_new_tokens``; ``plan_table.expected_longest``; with ``--lengths DIR`` the lengths a run
-  recorded, :mod:`esreason.experiments.lengths`) of at least one memory-bound step each
-  (64 / the ``vllm64`` rate); the tail is that minus the mean-length share charged as decode.
+- **decode** and **tail** (issue 36, :mod:`esreason.experiments.plan_terms`): a synchronous call
+  (an ES member's B prompts; a GRPO process's share of a rollout batch) runs until its longest row
+  ends, each step reading the weights and the running rows' KV cache (at least the host floor;
+  seeded rows add a sampler iteration each); decode is the call at the mean length, tail the rest.
+  GRPO's processes wait for each other (rewards are gathered), so a rollout lasts the longest of
+  all B x G responses. Lengths: a runaway share at the cap (experiment key ``plan.runaway_share``)
+  and lognormal otherwise (:class:`esreason.experiments.lengths.LengthModel`), or with ``--lengths
+  DIR`` the lengths a run recorded. A vLLM evaluation streams (eval.streamed: each engine its whole
+  share at once, rows refilled as they finish): its decode is at the many-row ``vllm`` rate plus
+  the seeded sampler iterations, and it waits once per engine for its last wave of ``STREAM_WAVE`` rows.
 - **entropy**: the evaluation's teacher-forced entropy pass forwards each problem's prompt once and
-  every sampled response against it (eval.scoring, shared prompts; 2 P FLOPs per token at the
+  every sampled response against it (backends.scoring, shared prompts; 2 P FLOPs per token at the
   training MFU); prompt lengths per task in the table.
 - **update** (ES, paper Alg. 1): perturb/restore every member and apply the update, in HBM bytes
   per parameter of benchmarks/noise.py's cost model (replicated sums all N directions, sharded
-  N/E plus an int64 all-reduce). **train** (GRPO): 8 P L FLOPs per sequence (policy forward +
-  backward + reference forward; paper appendix "ES-GRPO FLOP Matching") at the table's MFU.
+  N/E plus an int64 all-reduce), at the costs measured on one H100 (plan_terms.es_noise_s).
+  **train** (GRPO): the padded tokens of the slowest process times the forwards TRL runs at the
+  measured cost per padded token (plan_terms.grpo_train_s). **reload** (GRPO on vLLM): the weight
+  push before every rollout, plus sleep and wake with ``grpo.vllm_sleep``.
 - **heldout**: periodic evaluation during training (``eval.every``, update 0 included).
 - **checksum** (ES on engines): every ``backend.check_every`` updates each engine hashes its
   weights and fp32 masters (all engines at once). **checkpoint**: every ``checkpoint.every``
@@ -51,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esreason.errors import UserError
-from esreason.experiments import memplan, memplan_host
+from esreason.experiments import memplan, memplan_host, plan_terms
 from esreason.experiments import plan_table as tab
 from esreason.experiments.plan_render import render
 from esreason.experiments.spec import ExperimentSpec, run_stages
@@ -80,7 +84,7 @@ class Stage:
     """GPU memory in GiB -> host RAM, pinned memory and disk of one node (memplan.*_host)."""
     terms: dict[str, float] = field(default_factory=dict)
     """Named parts of the wall time in seconds (issue 24): start, decode, tail, entropy, update,
-    train, heldout, checksum, checkpoint, mbpp; ``wall_hours`` is their sum."""
+    train, reload, heldout, checksum, checkpoint, mbpp; ``wall_hours`` is their sum."""
     gpus_held: int = 0
     """GPUs the stage holds (the node's, when it uses fewer); GPU-hours are charged on these."""
 
@@ -114,6 +118,9 @@ class _Ctx:
         self.used: dict[str, tab.Assumption] = {}
         self.notes: list[str] = []
         self.note(tab.Assumption(f"gpu.{gpu}", self.gpu["memory_gib"], "GiB per GPU", self.gpu["source"]))
+        kv, how = plan_terms.kv_bytes_per_token(spec.model, self.params)
+        self.kv_bytes = self.note(tab.Assumption("kv_bytes_per_token", kv, "bytes of bf16 KV cache per token",
+                                                 f"derived: {how}"))
 
     def note(self, a: tab.Assumption) -> float:
         self.used.setdefault(a.key, a)
@@ -125,37 +132,29 @@ class _Ctx:
     def const(self, name: str) -> float:
         return self.note(tab.CONSTANTS[name])
 
-    def length(self, max_new_tokens: int) -> float:
+    def lengths_model(self) -> Any:
+        """The response-length distribution: the measured lengths, or the table's LengthModel."""
         if self.lengths is not None:
             self.note(tab.Assumption("response_tokens.measured", round(self.lengths.mean(float("inf")), 1),
                                      "tokens per response (mean, before each stage's cap)", self.lengths.source))
-            return self.lengths.mean(float(max_new_tokens))
-        return min(float(max_new_tokens), self.note(tab.response_tokens(self.spec.model)))
+            return self.lengths
+        from esreason.experiments.lengths import LengthModel
+
+        share = self.spec.plan.runaway_share  # experiment key plan.runaway_share (None: the family's)
+        return LengthModel(self.note(tab.response_tokens(self.spec.model)), self.note(tab.response_cv(self.spec.model)),
+                           self.note(tab.runaway_share(self.spec.model, share)))
+
+    def length(self, max_new_tokens: int) -> float:
+        """Mean response tokens under the cap."""
+        return self.lengths_model().mean(float(max_new_tokens))
 
     def over(self, name: str) -> float:
         return self.note(tab.OVERHEADS[name])
 
-    def step_s(self) -> float:
-        """Seconds of one vLLM decode step at up to 64 sequences (memory-bound: the step reads the
-        weights once, whatever the batch): 64 / the ``vllm64`` rate."""
-        return 64.0 / self.rate("vllm64")
-
     def longest(self, n: int, max_new_tokens: int) -> float:
-        """Expected longest of n responses (plan_table.expected_longest, or the measured lengths'
-        order statistics), capped at max_new_tokens."""
-        if self.lengths is not None:
-            return self.lengths.longest(n, float(max_new_tokens))
-        mean = self.note(tab.response_tokens(self.spec.model))
-        cv = self.note(tab.response_cv(self.spec.model))
-        return tab.expected_longest(mean, cv, n, float(max_new_tokens))
-
-    def batch_tail(self, n: int, max_new_tokens: int) -> float:
-        """Seconds a synchronous call of n rows waits beyond its mean-length share: it runs until its
-        longest row ends, ``longest(n)`` steps of at least ``step_s`` each (n / 64 steps' worth above
-        64 rows), against ``n * mean / vllm64`` charged as decode."""
-        steps = self.longest(n, max_new_tokens)
-        call = steps * self.step_s() * max(1.0, n / 64.0)
-        return max(0.0, call - n * self.length(max_new_tokens) / self.rate("vllm64"))
+        """Expected longest of n responses, capped at max_new_tokens (an order statistic of
+        :meth:`lengths_model`)."""
+        return self.lengths_model().longest(n, float(max_new_tokens))
 
     def checkpoint_s(self, nbytes: float) -> float:
         """Write a checkpoint and read it back for its sha256 manifest (io.verify)."""
@@ -217,26 +216,26 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         gpus_used = -(-engines // per_gpu)
         slow = ctx.slowdown(per_gpu)  # each engine's decode step is this much longer on a shared GPU
         members = -(-n // engines)
-        per_member = BYTES_PER_PARAM["perturb"] + BYTES_PER_PARAM["restore"] + BYTES_PER_PARAM["draw"]
-        if be.update == "sharded" and engines > 1:
-            step = members * (per_member + BYTES_PER_PARAM["accumulate"] + BYTES_PER_PARAM["draw"]) + sum(
-                BYTES_PER_PARAM[k] for k in ("zeros", "quantize", "dequantize", "apply"))
+        if be.update == "sharded" and engines > 1:  # N/E members summed, quantized, all-reduced (int64)
             wire = 2 * (engines - 1) / engines * BYTES_PER_PARAM["allreduce_element"] * ctx.params
-            noise = per_gpu * ctx.hbm_seconds(step) + wire / ctx.gpu["nvlink_bytes_per_s"]
+            fixed = ctx.hbm_seconds(sum(BYTES_PER_PARAM[k] for k in ("zeros", "quantize", "dequantize")))
+            noise = per_gpu * (plan_terms.es_noise_s(ctx, members, members) + fixed) + \
+                wire / ctx.gpu["nvlink_bytes_per_s"]
         else:
-            step = members * per_member + n * (BYTES_PER_PARAM["accumulate"] + BYTES_PER_PARAM["draw"]) + \
-                BYTES_PER_PARAM["apply"]
-            noise = per_gpu * ctx.hbm_seconds(step)  # the K engines of a GPU share its HBM
+            noise = per_gpu * plan_terms.es_noise_s(ctx, members, n)  # the K engines of a GPU share its HBM
         max_new = cfg.generation.max_new_tokens
+        # one member's call: B rows, per-row seeds when sampling (backends/vllm.py generate)
+        decode, tail = plan_terms.call_s(ctx, b, ctx.note(tab.prompt_tokens(cfg.task)), max_new, b,
+                                         cfg.generation.temperature > 0)
         checks = updates // be.check_every if be.check_every else 0
         master_bytes = 4 if masters else 0
         # engines sharing a GPU start one after another (engine_env.gpu_start_lock)
         terms = {"start": per_gpu * ctx.over("engine_start_s") + ctx.over("trainer_start_s"),
-                 "decode": updates * members * b * ctx.length(max_new) / ctx.rate("vllm64") * slow,
-                 "tail": updates * members * ctx.batch_tail(b, max_new) * slow,
+                 "decode": updates * members * decode * slow,
+                 "tail": updates * members * tail * slow,
                  "heldout": heldout_tokens / (ctx.rate("vllm") * gpus_used),
                  "update": updates * noise,
-                 "checksum": checks * (mem_w + master_bytes) * ctx.params / ctx.over("hash_bytes_per_s"),
+                 "checksum": checks * (mem_w + master_bytes) * ctx.params / plan_terms.checksum_rate(ctx, engines),
                  "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
         wall = sum(terms.values())
         frac = ctx.const("engine_memory_fraction")
@@ -262,9 +261,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
                      gpus_held=ctx.gpus)
     # The HF sampler's rate is a throughput figure without a step model: no separate tail term.
     terms = {"start": ctx.over("trainer_start_s"), "decode": tokens / ctx.rate("hf"),
-             "update": updates * ctx.hbm_seconds(
-                 n * (BYTES_PER_PARAM["perturb"] + BYTES_PER_PARAM["restore"] + 2 * BYTES_PER_PARAM["draw"]
-                      + BYTES_PER_PARAM["accumulate"]) + BYTES_PER_PARAM["apply"]),
+             "update": updates * plan_terms.es_noise_s(ctx, n, n),
              "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
     wall = sum(terms.values())
     where = f"HF transformers sampler, in-process ({be.type}), 1 GPU, members one {'batch' if be.type == 'batched' else 'at a time'}"
@@ -282,8 +279,6 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     rollout_tokens = responses * ctx.length(cfg.generation.max_new_tokens)
     heldout, heldout_tokens = _heldout(ctx, cfg, updates)  # the main process's HF sampler (docs/grpo.md)
     colocate = g.use_vllm and g.vllm_mode == "colocate"
-    mfu = ctx.const("train_mfu")
-    train = 8 * ctx.params * rollout_tokens / (procs * ctx.gpu["bf16_flops"] * mfu)
     mem_bytes = ctx.gpu["memory_gib"] * GIB
     share = g.vllm_gpu_memory_utilization if colocate else 0.0
     gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (None, ctx.gpu["memory_gib"]))[1]
@@ -298,20 +293,34 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     rollouts = (f"vLLM colocate rollouts ({procs} engine{'s' if procs > 1 else ''})" if colocate
                 else "vLLM server rollouts" if g.use_vllm else "HF generate rollouts")
     memory = {"training_state": per_gpu, "vllm": share * ctx.gpu["memory_gib"]}
+    from esreason.grpo.plan import trl_forwards
+
     try:  # the batch must split over the processes exactly as `train grpo` will require
         from esreason.experiments.flops import train_size
         from esreason.grpo.plan import plan_batches
 
         plan_batches(cfg, train_size(cfg.task, cfg.data_path, cfg.train.split, cfg.train.limit), procs)
+        forwards = trl_forwards(cfg, procs)
     except UserError as exc:
         ctx.notes.append(f"{name}: on {procs} processes the run would stop: {exc}")
-    max_new = cfg.generation.max_new_tokens
-    share = -(-cfg.train.batch_size * g.num_generations // procs)  # one process's rollouts per update
+        forwards = trl_forwards(cfg, 1)
+    max_new, total = cfg.generation.max_new_tokens, cfg.train.batch_size * g.num_generations
+    share = -(-total // procs)  # one process's rollouts per update
+    prompt = ctx.note(tab.prompt_tokens(cfg.task))
+    longest = ctx.longest(total, max_new)  # the slowest process sets the pace (rewards gathered, DDP syncs)
+    train = plan_terms.grpo_train_s(share, prompt, longest, sum(forwards.values()), plan_terms.forward_token_s(ctx))
+    if g.use_vllm:  # TRL's vLLM rollouts carry no per-request seed (vllm_generation.generate)
+        decode, tail = plan_terms.call_s(ctx, share, prompt, max_new, total, False)
+        decode, tail = updates * decode, updates * tail
+    else:  # TRL's generate or our sampler (grpo.rollouts), one process's share at a time
+        work = "hf" if g.rollouts == "sampler" or (g.rollouts == "auto" and not _on_gpu(cfg)) else "hf_generate"
+        decode, tail = rollout_tokens / (ctx.rate(work) * procs), 0.0
+    reload = updates * plan_terms.grpo_reload_s(ctx, plan_terms.layers_of(cfg.model, ctx.params),
+                                                colocate and g.vllm_sleep) if g.use_vllm else 0.0
     terms = {"start": ctx.over("trainer_start_s") + (ctx.over("engine_start_s") if g.use_vllm else 0.0),
-             "decode": rollout_tokens / (ctx.rate("vllm64" if g.use_vllm else "hf") * procs),
-             "tail": updates * ctx.batch_tail(share, max_new) if g.use_vllm else 0.0,
+             "decode": decode, "tail": tail, "reload": reload,
              "heldout": heldout_tokens / ctx.rate("hf") if heldout else 0.0,
-             "train": train,
+             "train": updates * train,
              # TRL's checkpoint: the weights and AdamW's two fp32 moments
              "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(
                  ctx.params * ((4 if cfg.dtype == "float32" else 2) + 8))}
@@ -354,12 +363,16 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
         slow = ctx.slowdown(per_gpu)
         per_engine = math.ceil(problems / engines)
         wave = min(per_engine * per_problem, STREAM_WAVE)  # streamed: one drain at the end per engine
-        tail = ctx.batch_tail(wave, p.max_new_tokens) * slow
         mean = ctx.length(p.max_new_tokens)
-        scored = sum(_problems(ctx, [t], p.limit) * (ctx.note(tab.prompt_tokens(t)) + p.samples * mean)
-                     for t in p.tasks)  # each prompt once for its samples (shared), every response token
-        # decode: many sequences per engine reach the GPU's "vllm" rate, which sharing does not raise
-        terms = {"start": per_gpu * ctx.over("engine_start_s"), "decode": tokens / ctx.rate("vllm") / gpus_used,
+        prompts = sum(_problems(ctx, [t], p.limit) * ctx.note(tab.prompt_tokens(t)) for t in p.tasks)
+        seeded = p.temperature > 0  # sampled rows carry per-row seeds (backends/vllm_eval.py), greedy rows none
+        tail = plan_terms.call_s(ctx, wave, prompts / problems, p.max_new_tokens, wave, seeded)[1] * slow
+        scored = prompts + problems * p.samples * mean  # each prompt once for its samples (shared), every response
+        sampler = problems * p.samples * mean * ctx.const("seeded_row_us") * 1e-6 / gpus_used if seeded else 0.0
+        # decode: many sequences per engine reach the GPU's "vllm" rate, which sharing does not raise; plus
+        # the sampler's launch per seeded row and step (per GPU: K engines' launches share it; conservative)
+        terms = {"start": per_gpu * ctx.over("engine_start_s"),
+                 "decode": tokens / ctx.rate("vllm") / gpus_used + sampler,
                  "tail": tail,
                  "entropy": 2 * ctx.params * scored / (ctx.gpu["bf16_flops"] * ctx.const("train_mfu")) / gpus_used,
                  "mbpp": _mbpp_s(ctx, per_problem)}
@@ -387,7 +400,7 @@ def _on_gpu(cfg: Any) -> bool:
 def _eval_roles(ctx: _Ctx, gib: float) -> list:
     """The evaluation engine's roles, in the dtype and on the device the runner evaluates with."""
     from esreason.backends.vllm_eval import EvalEngineOptions
-    from esreason.eval.scoring import TOKENS_PER_FORWARD
+    from esreason.backends.scoring import TOKENS_PER_FORWARD
     from esreason.experiments.spec import eval_settings
 
     device, dtype = eval_settings(ctx.spec)

@@ -20,7 +20,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.calibrate:  # this machine's constants, measured by a short run (experiments.calibrate)
         from esreason.experiments.calibrate import calibrate_and_print
 
-        calibrate_and_print(spec, args.json)
+        calibrate_and_print(spec, args.json, args.max_spread)
         return 0
     if args.gpus is None:
         raise UserError("--gpus: required (the node's GPUs), unless --calibrate plans this machine")
@@ -43,6 +43,11 @@ def register(actions: Any) -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, help="GPUs of the node (required without --calibrate)")
     p.add_argument("--calibrate", action="store_true", help="measure this machine's constants in a short run of "
                    "the experiment on this machine (its own backends: HF, vLLM, Ray, accelerate) and plan it with them")
+    from esreason.experiments.calibrate_check import MAX_SPREAD
+
+    p.add_argument("--max-spread", type=float, default=MAX_SPREAD, metavar="X",
+                   help="with --calibrate: refuse the plan when a constant's (max - min) / median over its samples "
+                        f"exceeds X (default {MAX_SPREAD}; esreason.experiments.calibrate_check)")
     p.add_argument("--gpu-type", default="h100", choices=sorted(tab.GPUS), help="GPU type (default: h100)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.add_argument("--hf-only", action="store_true",

@@ -28,7 +28,8 @@ def render(plan: dict[str, Any]) -> str:
         lines.append(f"  {s['name']:<28} " + "  ".join(f"{k} {v:,.0f}" for k, v in s.get("terms_s", {}).items() if v))
     lines += ["", f"total: {plan['wall_hours']:.2f} h wall, {plan['total_gpu_hours']:.2f} GPU-hours", "",
               "assumptions:"]
-    lines += [f"  {a['key']} = {a['value']:g} {a['unit']}  [{a['source']}]" for a in plan["assumptions"]]
+    lines += [f"  {a['key']} = {a['value']:g} {a['unit']}  ({a.get('label', 'estimate')})  [{a['source']}]"
+              for a in plan["assumptions"]]
     lines += [f"note: {n}" for n in plan["notes"]]
     return "\n".join(lines)
 

@@ -1,9 +1,11 @@
 """The assumptions of ``esreason experiment plan``, in one table, each value with its source.
 
-Nothing here is measured on a GPU by this project yet (no GPU was lent to the sessions that wrote
-it): every value is a published figure, a datasheet figure, or derived from them by a stated
-rule, or an assumption of ours, and says which. Replace a value by a measured one (e.g. from
-``benchmarks/gpu_es_step.py``) by editing :data:`THROUGHPUT` and its ``source``.
+Every value is a published figure, a datasheet figure, derived from them by a stated rule, an
+assumption of ours, or measured on one H100 (2026-11-28, ``gpu-results/2026-11-28-h100/`` beside
+the repository: the GRPO padded-token cost, the ES perturb/restore/update costs, HF decode; issue
+36), and says which. Each entry's ``label`` is "measured on one H100" for those, "given" for
+datasheet/dataset/default values and "estimate" for the rest. Replace a value by a measured one
+(e.g. from ``benchmarks/gpu_es_step.py``) by editing its entry and its ``source``.
 
 Throughput is **generated tokens per second per GPU**, keyed by (GPU type, model size class,
 workload):
@@ -11,7 +13,8 @@ workload):
 - ``vllm``: vLLM with many concurrent sequences (evaluation: thousands of requests per engine);
 - ``vllm64``: vLLM decoding 64 sequences at a time (one ES member's 64 prompts on an engine; one
   GRPO process's share of a 64 x 8 rollout batch on 8 GPUs), memory-bound on the weights;
-- ``hf``: our transformers sampler (and TRL's HF ``generate``) on one GPU.
+- ``hf``: our transformers sampler on one GPU;
+- ``hf_generate``: transformers' ``generate`` (TRL's rollouts without vLLM) on one GPU.
 """
 
 from __future__ import annotations
@@ -35,8 +38,23 @@ class Assumption:
     source: str
     """'published: ...', 'datasheet: ...', 'derived: ...' or 'assumption (ours): ...'."""
 
+    @property
+    def label(self) -> str:
+        """'measured on one H100', 'given' (datasheet, dataset, an esreason default) or 'estimate'."""
+        if self.source.startswith(MEASURED_H100):
+            return MEASURED_H100
+        if self.source.split(":")[0] in ("datasheet", "dataset", "esreason default"):
+            return "given"
+        return "estimate"
+
     def as_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "value": self.value, "unit": self.unit, "source": self.source}
+        return {"key": self.key, "value": self.value, "unit": self.unit, "source": self.source, "label": self.label}
+
+
+#: The label (and source prefix) of the constants measured on the lent H100 (issue 36, item 2).
+MEASURED_H100 = "measured on one H100"
+H100_RUN = ("2026-11-28, NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, Qwen2.5-1.5B shapes with random bf16 weights; "
+            "gpu-results/2026-11-28-h100/")
 
 
 #: GPU types: memory, HBM bandwidth and dense bf16 peak (datasheets).
@@ -62,6 +80,9 @@ SMALL_MODEL_CAP = 3.0
 HF_FACTOR = 14.0
 HF_SOURCE = ("derived: the vllm value / 14 (vLLM's launch post: 14x-24x the throughput of HuggingFace "
              "Transformers, LLaMA-7B/13B on A100; we take the low end)")
+#: Greedy decode at 64 rows x 256 tokens on one H100 at 1.5B (gen_cmp.txt): esreason's Sampler
+#: (cache auto) and transformers' ``generate``, tokens/s.
+HF_MEASURED_1_5B = {"hf": (1592.0, "esreason Sampler (cache auto)"), "hf_generate": (2681.0, "transformers generate")}
 A100_FACTOR = 0.5
 A100_SOURCE = "derived: the h100 value x 0.5 (Lambda Labs vllm-benchmark: H100 ~2x A100 throughput)"
 DECODE_EFFICIENCY = 0.5
@@ -93,8 +114,15 @@ def _throughput_table() -> dict[tuple[str, str, str], Assumption]:
             base = f"throughput.{gpu}.{size}"
             table[(gpu, size, "vllm")] = Assumption(f"{base}.vllm", round(vllm), "tokens/s per GPU", src)
             table[(gpu, size, "vllm64")] = Assumption(f"{base}.vllm64", round(v64), "tokens/s per GPU", src64)
-            table[(gpu, size, "hf")] = Assumption(f"{base}.hf", round(vllm / HF_FACTOR), "tokens/s per GPU",
-                                                  HF_SOURCE)
+            for work, (measured, who) in HF_MEASURED_1_5B.items():
+                if size == "1.5b":  # launch-bound: the 1.5B figure measured on the H100 (A100: x 0.5)
+                    value = measured * scale
+                    hf_src = (f"{MEASURED_H100}: {who}, greedy, 64 rows x 256 tokens, {measured:,.0f} tokens/s "
+                              f"({H100_RUN}gen_cmp.txt)" + ("" if gpu == "h100" else f"; {A100_SOURCE}"))
+                else:  # a larger model with as many layers launches as many kernels: no faster than 1.5B
+                    value = min(vllm / HF_FACTOR, measured * scale)
+                    hf_src = f"{HF_SOURCE}; at most the 1.5B measured rate (decode is launch-bound at these sizes)"
+                table[(gpu, size, work)] = Assumption(f"{base}.{work}", round(value), "tokens/s per GPU", hf_src)
     return table
 
 
@@ -103,8 +131,42 @@ THROUGHPUT = _throughput_table()
 #: Other constants of the plan.
 CONSTANTS: dict[str, Assumption] = {
     "train_mfu": Assumption("train_mfu", 0.30, "fraction of dense bf16 peak",
-                            "assumption (ours): model FLOP utilisation of TRL's training forward/backward "
-                            "(DDP/FSDP, bf16 autocast); GRPO FLOPs = 8 P L per sequence (esreason.experiments.flops)"),
+                            "assumption (ours): model FLOP utilisation of the evaluation's teacher-forced entropy "
+                            "forward (bf16); the GRPO train term uses the measured grpo_forward_token_us instead"),
+    "grpo_forward_token_us": Assumption(
+        "grpo_forward_token_us", round(0.30505 / (2 * 2432) / 5 * 1e6, 2), "us per padded token per forward at 1.54B",
+        f"{MEASURED_H100}: one GRPO-like micro-step of 2 x 2,432 tokens with activation checkpointing and a bf16 "
+        "reference forward took 0.305 s (grpo_real.jsonl), i.e. 62.7 us per padded token for 5 forward-equivalents "
+        "(forward, backward = 2, checkpoint recompute, reference); it also steps AdamW every micro-step, which TRL "
+        f"does once per accumulation (<= 5 % high) ({H100_RUN}). Scaled by parameters and by bf16 peak elsewhere"),
+    "es_member_s": Assumption("es_member_s", round(0.028176 + 0.010078, 4), "s per member at 1.54B (perturb + restore)",
+                              f"{MEASURED_H100}: benchmarks/gpu_check.py, HFPolicy with fp32 masters, perturb "
+                              f"(directions drawn on the GPU) 28.2 ms + exact restore 10.1 ms (gpucheck.json; "
+                              f"{H100_RUN}); the engines' worker extension runs the same kernels. Scaled by parameters "
+                              "and HBM bandwidth elsewhere"),
+    "es_update_s": Assumption("es_update_s", 0.0881, "s per update at 1.54B (sum of up to 8 members + apply)",
+                              f"{MEASURED_H100}: benchmarks/gpu_check.py apply_update, 88.1 ms at N = 8 and 87.9 ms at "
+                              f"N = 4 (gpucheck.json, gpucheck_big.json; {H100_RUN}); members beyond 8 at the cost "
+                              "model's 16 bytes per parameter each"),
+    "decode_step_floor_s": Assumption("decode_step_floor_s", 0.003, "s per vLLM decode step, at least",
+                                      "assumption (ours): vLLM V1's host work per step (scheduler, input preparation, "
+                                      "sampler, output processing) with CUDA graphs; at 1.5B a 64-row step is bound by "
+                                      "it, not by HBM (issue 36; our HF decode on the H100 was launch-bound too)"),
+    "seeded_row_us": Assumption("seeded_row_us", 8.0, "us per seeded row per decode step",
+                                "assumption (ours): vLLM V1's sampler draws each request with its own seed in a Python "
+                                "loop, one exponential_ kernel per row (vllm/v1/sample/ops/topk_topp_sampler.py "
+                                "random_sample, 'TODO: This can be slow'): one launch plus one iteration, ~5-10 us"),
+    "vllm_sleep_wake_s": Assumption("vllm_sleep_wake_s", 1.0, "s per rollout (sleep level 2 + wake of weights and KV)",
+                                    "assumption (ours): TRL's colocate engine sleeps after every generation "
+                                    "(trl/generation/vllm_generation.py VLLMGeneration.generate: llm.sleep(level=2)) "
+                                    "and wakes its weights (sync_weights: wake_up(tags=['weights'])) and KV cache "
+                                    "(generate: wake_up(tags=['kv_cache'])) before the next: freeing and remapping "
+                                    "~25 GiB of cumem allocations, and empty_cache"),
+    "weight_reload_tensor_ms": Assumption("weight_reload_tensor_ms", 1.0, "ms per parameter tensor",
+                                          "assumption (ours): TRL pushes the trainer's weights into its colocate engine "
+                                          "before every rollout, one load_weights call per named parameter "
+                                          "(trl/generation/vllm_generation.py VLLMGeneration.sync_weights); host-bound "
+                                          "(~12 tensors per layer)"),
     "elementwise_efficiency": Assumption("elementwise_efficiency", 0.8, "fraction of HBM bandwidth",
                                          "assumption (ours): as benchmarks/noise.py, ES perturb/restore/update "
                                          "kernels reach 80% of HBM bandwidth; bytes per parameter from that cost model"),
@@ -170,16 +232,43 @@ OVERHEADS: dict[str, Assumption] = {
                                   "and, under accelerate, the process group"),
     "disk_bytes_per_s": Assumption("disk_bytes_per_s", 1.0e9, "bytes/s written or read",
                                    "assumption (ours): a node-local NVMe under a safetensors write"),
-    "hash_bytes_per_s": Assumption("hash_bytes_per_s", 0.9e9, "bytes/s hashed per engine",
+    "hash_bytes_per_s": Assumption("hash_bytes_per_s", 0.9e9, "bytes/s hashed (checkpoint read-back)",
                                    "measured: benchmarks/checksum.py on this project's 2-core CPU machine (not a GPU "
-                                   "node), blake2b per tensor on 8 threads, 1.1 GB in 1.24 s; every engine hashes "
-                                   "its own weights at once"),
+                                   "node), blake2b per tensor on 8 threads, 1.1 GB in 1.24 s"),
+    "hash_bytes_per_s_per_core": Assumption("hash_bytes_per_s_per_core", 0.44e9, "bytes/s hashed per CPU core",
+                                            "measured: benchmarks/checksum.py on this project's 2-core CPU machine, "
+                                            "1.1 GB in 1.24 s on both cores (blake2b per tensor); an engine's checksum "
+                                            "threads (backends.engine.CHECKSUM_THREADS) each get a core of the node"),
+    "node_cores": Assumption("node_cores", 112.0, "CPU cores per node",
+                             "datasheet: NVIDIA DGX H100, 2x Intel Xeon Platinum 8480C (56 cores each)"),
     "mbpp_exec_s": Assumption("mbpp_exec_s", 0.15, "s per MBPP response, on one core",
                               "assumption (ours): one sandboxed interpreter start (~50 ms) + three asserts with "
                               "their time limits rarely reached"),
     "verify_workers": Assumption("verify_workers", 16.0, "parallel sandboxed verifiers",
                                  "assumption (ours): a DGX node's cores beside the engines"),
 }
+
+
+#: Share of responses that never end and stop at max_new_tokens (issue 36): greedy and sampled
+#: repetition loops. The default of the experiment key ``plan.runaway_share``.
+RUNAWAY_SHARE: dict[str, Assumption] = {
+    "instruct": Assumption("runaway_share.instruct", 0.01, "share of responses at the cap",
+                           "assumption (ours): 1 % of a small Instruct model's GSM8K-style responses loop until the "
+                           "cap (a share at the cap, not in the lognormal tail: the longest of 512 GRPO rollouts or "
+                           "of an ES member's 64 is then usually a runaway); set plan.runaway_share from a run's "
+                           "completions/clipped_ratio (TRL) or use --lengths"),
+    "r1-distill": Assumption("runaway_share.r1-distill", 0.10, "share of responses at the cap",
+                             "assumption (ours): R1-distilled chains of thought often reach an 8k cap (allenai/olmo-eval "
+                             "issue 399 reports 19-37 % cap hits for reasoning models on GPQA/IFEval); we take 10 %"),
+}
+
+
+def runaway_share(model: str, configured: float | None = None) -> Assumption:
+    """The runaway share: ``plan.runaway_share`` when the experiment sets it, else the family's."""
+    if configured is not None:
+        return Assumption("runaway_share.configured", configured, "share of responses at the cap",
+                          "experiment key plan.runaway_share")
+    return RUNAWAY_SHARE["r1-distill" if "r1-distill" in model.lower() else "instruct"]
 
 
 def response_cv(model: str) -> Assumption:
@@ -190,26 +279,13 @@ def prompt_tokens(task: str) -> Assumption:
     return PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS)
 
 
-def expected_longest(mean: float, cv: float, n: int, cap: float) -> float:
-    """E[min(cap, max of n lengths)] for lognormal lengths of mean ``mean`` and std ``cv * mean``.
+def expected_longest(mean: float, cv: float, n: int, cap: float, runaway: float = 0.0) -> float:
+    """E[min(cap, max of n lengths)] for lognormal lengths of mean ``mean`` and std ``cv * mean`` with a
+    ``runaway`` share at the cap (:class:`esreason.experiments.lengths.LengthModel`, an order statistic:
+    integral over [0, cap] of 1 - P(length <= x)^n dx). n = 1 gives the capped mean."""
+    from esreason.experiments.lengths import LengthModel
 
-    E[min(cap, M)] = integral over [0, cap] of P(M > x) dx, with P(M > x) = 1 - F(x)^n; a midpoint
-    rule on 4,000 steps (error far below the plan's other uncertainties). n = 1 gives the capped mean.
-    """
-    import math
-
-    if n < 1 or mean <= 0 or cap <= 0:
-        return 0.0
-    s2 = math.log(1.0 + cv * cv)
-    mu, s = math.log(mean) - s2 / 2, math.sqrt(s2)
-    steps = 4000
-    dx = cap / steps
-    total = 0.0
-    for i in range(steps):
-        x = (i + 0.5) * dx
-        cdf = 0.5 * (1.0 + math.erf((math.log(x) - mu) / (s * math.sqrt(2.0))))
-        total += 1.0 - cdf ** n
-    return total * dx
+    return LengthModel(mean, cv, runaway).longest(n, cap)
 
 
 #: Problems in the evaluated split of each paper task (eval uses every problem unless eval.limit).
@@ -278,6 +354,7 @@ def test_size(task: str) -> tuple[int, str]:
     return TEST_SIZES[task]
 
 
-__all__ = ["Assumption", "CONSTANTS", "GPUS", "OVERHEADS", "PROMPT_TOKENS", "RESPONSE_CV", "RESPONSE_TOKENS",
+__all__ = ["Assumption", "CONSTANTS", "GPUS", "MEASURED_H100", "OVERHEADS", "PROMPT_TOKENS", "RESPONSE_CV",
+           "RESPONSE_TOKENS", "RUNAWAY_SHARE", "runaway_share",
            "TEST_SIZES", "THROUGHPUT", "expected_longest", "gpu_spec", "prompt_tokens", "response_cv",
            "response_tokens", "size_class", "test_size", "throughput"]

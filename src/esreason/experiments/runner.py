@@ -79,8 +79,10 @@ def fingerprint(method: MethodSpec, spec: ExperimentSpec) -> str:
     """SHA-256 of what training ``method`` depends on: its kind, T and its stage configs."""
     import hashlib
 
-    inputs = {"kind": method.kind, "updates": spec.updates,
-              "configs": {k: _config_dict(getattr(spec, k)) for k in TRAINED[method.kind]}}
+    from esreason.config_logging import without_logging
+
+    inputs = {"kind": method.kind, "updates": spec.updates,  # logging (W&B) does not change what is trained
+              "configs": {k: without_logging(_config_dict(getattr(spec, k))) for k in TRAINED[method.kind]}}
     return hashlib.sha256(json.dumps(_plain(inputs), sort_keys=True).encode()).hexdigest()
 
 
@@ -200,6 +202,11 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
     from esreason.report.timing import PLAN_FILE
 
     check_same_spec(exp, spec)
+    from esreason.config_logging import with_wandb
+
+    # W&B (logging.wandb): every training stage in one group, the experiment's name unless a config names one
+    spec = dataclasses.replace(spec, es=with_wandb(spec.es, group=spec.name),
+                               grpo=with_wandb(spec.grpo, group=spec.name))
     exp.mkdir(parents=True, exist_ok=True)
     atomic_write_text(exp / SPEC_FILE, yaml.safe_dump(_plain(spec.raw), sort_keys=False, allow_unicode=True))
     if plan is not None:
@@ -251,6 +258,11 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
             entries[m.name].setdefault("seeds", {})[str(seed)] = out
         record["methods"] = {k: e for k, e in entries.items() if "eval" in e or "seeds" in e}  # spec order
         atomic_write_json(exp / EXPERIMENT_FILE, record)
+    wandb = [c.logging.wandb for c in (spec.es, spec.grpo) if c is not None and c.logging.wandb.enabled]
+    if wandb:  # one more W&B run in the group: the experiment spec attached, experiment.json's record as summary
+        from esreason.io.wandb_log import log_experiment
+
+        log_experiment(wandb[0], exp, _plain(spec.raw), record)
     report_path = None
     if report:
         from esreason.report import build_report
@@ -286,8 +298,17 @@ def _memory_check(spec: ExperimentSpec, args: argparse.Namespace) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.file, args.set or [])
+    if args.wandb:  # --wandb PROJECT: every training stage logs to it
+        from esreason.config_logging import with_wandb
+
+        spec = dataclasses.replace(spec, es=with_wandb(spec.es, project=args.wandb),
+                                   grpo=with_wandb(spec.grpo, project=args.wandb))
     output = Path(args.output) if args.output else Path("runs") / "experiments" / spec.name
     _memory_check(spec, args)
+    if not args.force:  # the planned checkpoints and engine state against the free disk, before any stage
+        from esreason.experiments.diskcheck import check_disk
+
+        check_disk(spec, output)
     plan = read_plan(args.plan, spec) if args.plan else None
     print(f"experiment {spec.name}: {', '.join(m.label for m in spec.methods)} -> {output}")
     result = run_experiment(spec, output, progress=not args.no_progress, report=not args.no_report, plan=plan)
@@ -324,11 +345,14 @@ def register(actions: Any) -> argparse.ArgumentParser:
                    "--json [--calibrate]`): recorded in the experiment directory; the report shows planned vs actual")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--force", action="store_true",
-                   help="run even where the memory plan says a stage does not fit the GPU")
+                   help="run even where the plan says a stage does not fit the GPU or the free disk")
     from esreason.experiments.memplan import GPU_MEMORY_GIB
 
     p.add_argument("--assume-gpu", choices=sorted(GPU_MEMORY_GIB),
                    help="check the memory plan against this GPU type (default: the GPU torch sees; none: no check)")
     p.add_argument("--assume-gpus", type=int, default=8, help="with --assume-gpu: GPUs of the node (default 8)")
+    from esreason.config_logging import add_wandb_flag
+
+    add_wandb_flag(p)
     p.set_defaults(func=_cmd_run)
     return p

@@ -240,13 +240,16 @@ def _run_sequence(plan: SequencePlan, out: Path, progress: bool) -> SequenceResu
     atomic_write_json(seq_file, record)
     results: list[StageResult] = []
     start_model = plan.stages[0].config.model
-    for stage in plan.stages:
-        cfg = stage.config
-        if results:
-            import dataclasses
+    import dataclasses
 
+    from esreason.config_logging import with_wandb
+
+    for stage in plan.stages:
+        # W&B: both stages in one group (the sequence directory's name unless the config or experiment names one)
+        cfg = with_wandb(stage.config, group=out.name)
+        if results:
             cfg = dataclasses.replace(cfg, model=str(results[-1].final_checkpoint.resolve()))
-            stage = dataclasses.replace(stage, config=cfg)
+        stage = dataclasses.replace(stage, config=cfg)
         run_dir = out / stage.dirname
         final = _run_stage(stage, run_dir, progress)
         if results:
@@ -274,7 +277,9 @@ def stage_configs_dict(plan: SequencePlan) -> list[dict[str, Any]]:
 
 
 def _cmd_train_sequence(args: argparse.Namespace) -> int:
-    plan = load_sequence(args.config, args.set or [])
+    from esreason.config_logging import wandb_sets
+
+    plan = load_sequence(args.config, [*(args.set or []), *wandb_sets(args, ("es.", "grpo."))])
     output = Path(args.output) if args.output else Path("runs") / (Path(args.config).stem if args.config
                                                                     else plan.name)
     print(f"sequence {' -> '.join(s.method.upper() for s in plan.stages)}: {plan.total_updates} updates "
@@ -296,5 +301,8 @@ def register(train_subparsers: Any) -> argparse.ArgumentParser:
                    help="override a key, e.g. --set total_updates=10 or --set es.es.sigma=1e-3 (repeatable)")
     p.add_argument("--output", help="sequence directory (default: runs/<config name>); rerun to resume")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from esreason.config_logging import add_wandb_flag
+
+    add_wandb_flag(p)
     p.set_defaults(func=_cmd_train_sequence)
     return p

@@ -9,7 +9,7 @@ ES and GRPO run configs, the evaluation suites and the sampling protocol::
     updates: 20                       # T for every trained method (compositions: T//2 + T-T//2)
     methods: [base, grpo, es, es_grpo, grpo_es]
     checkpoints:                      # optional: evaluate these instead of training the method
-      grpo: {path: org/released-grpo, label: "GRPO (released)"}
+      grpo: {path: org/released-grpo, label: "GRPO (released)"}   # path: ${VAR}, ${VAR:-} (unset: trained)
     configs:
       es: ../demo/es.yaml             # path (relative to this file) or an inline mapping
       grpo: ../demo/grpo.yaml
@@ -25,6 +25,7 @@ ES and GRPO run configs, the evaluation suites and the sampling protocol::
     report:
       pairs: [[demo-add, demo-sub]]   # train -> test pairs for the bar charts
     seeds: [0, 1, 2]                  # optional: train every trained method once per seed
+    plan: {runaway_share: 0.01}       # optional: `experiment plan` assumptions (PlanSettings)
 
 Without ``seeds`` every trained method is trained once, with the ``train.seed`` of its run
 configs (today's layout: ``runs/<m>/``, ``eval/<m>/``). With ``seeds`` (``--set seeds=[0,1,2]``)
@@ -53,7 +54,7 @@ METHODS = ("base", "grpo", "es", "es_grpo", "grpo_es")
 LABELS = {"base": "Base", "grpo": "GRPO", "es": "ES", "es_grpo": "ES→GRPO", "grpo_es": "GRPO→ES"}
 TRAINED = {"grpo": ("grpo",), "es": ("es",), "es_grpo": ("es", "grpo"), "grpo_es": ("grpo", "es")}
 TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir",
-            "seeds")
+            "seeds", "plan")
 EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
              "limit", "batch_size", "seed", "ci_resamples", "backend", "engines",
              "engines_per_gpu")
@@ -104,6 +105,29 @@ class EvalProtocol:
 
 
 @dataclass(frozen=True)
+class PlanSettings:
+    """Assumptions of ``esreason experiment plan`` the experiment may state (key ``plan``; nothing
+    that runs reads them)."""
+
+    runaway_share: float | None = None
+    """Share of responses that never end and stop at max_new_tokens (issue 36): the plan puts this
+    mass at the cap, which sets the longest row a synchronous call waits for. None: the model
+    family's value in ``esreason.experiments.plan_table.RUNAWAY_SHARE`` (Instruct 0.01, R1-distill
+    0.10; assumptions of ours, sourced there). A run's TRL ``completions/clipped_ratio`` measures it."""
+
+
+def _plan_settings(data: Any) -> PlanSettings:
+    if data is None:
+        return PlanSettings()
+    if not isinstance(data, Mapping) or set(data) - {"runaway_share"}:
+        raise ConfigError(f"config key 'plan': expected a mapping with 'runaway_share', got {data!r}")
+    share = data.get("runaway_share")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1):
+        raise ConfigError(f"config key 'plan.runaway_share': expected a number in [0, 1), got {share!r}")
+    return PlanSettings(None if share is None else float(share))
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One row of the comparison: trained here (es, grpo, compositions), the base model, or a checkpoint."""
 
@@ -134,6 +158,8 @@ class ExperimentSpec:
     seeds: tuple[int, ...] | None = None
     """Training seeds (key ``seeds``): every trained method once per seed, in ``seed<s>/``
     subdirectories. None: one training run per method with its configs' own ``train.seed``."""
+    plan: PlanSettings = field(default_factory=PlanSettings)
+    """Assumptions of ``esreason experiment plan`` (key ``plan``)."""
 
     def trained_kinds(self) -> set[str]:
         """The training kinds (``es``, ``grpo``) some method of this experiment runs."""
@@ -215,14 +241,18 @@ def _tasks(values: Any, key: str) -> tuple[str, ...]:
 
 def expand_env(value: Any, key: str) -> Any:
     """``${NAME}`` -> the environment variable NAME (for checkpoints a config cannot name, e.g. a
-    released model whose hub id the paper does not give); unset -> ConfigError naming the key."""
+    released model whose hub id the paper does not give); unset or empty -> ConfigError naming the
+    key. ``${NAME:-DEFAULT}`` (the shell's form) -> DEFAULT when NAME is unset or empty; an empty
+    DEFAULT gives None (for a checkpoint: none, the method is trained)."""
     if isinstance(value, str):
-        match = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", value.strip())
+        match = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}", value.strip())
         if match:
-            if not os.environ.get(match.group(1)):
-                raise ConfigError(f"config key '{key}': environment variable {match.group(1)} is not set "
-                                  "(set it to a local checkpoint directory or a hub id)")
-            return os.environ[match.group(1)]
+            if os.environ.get(match.group(1)):
+                return os.environ[match.group(1)]
+            if match.group(2) is not None:
+                return match.group(3) or None
+            raise ConfigError(f"config key '{key}': environment variable {match.group(1)} is not set "
+                              "(set it to a local checkpoint directory or a hub id)")
     return value
 
 
@@ -321,13 +351,17 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
     if not isinstance(checkpoints, Mapping):
         raise ConfigError(f"config key 'checkpoints': expected a mapping method -> checkpoint, got {checkpoints!r}")
     specs: list[MethodSpec] = []
+    for m in list(checkpoints):
+        entry = checkpoints[m]
+        entry = {"path": entry} if isinstance(entry, str) else entry
+        if not isinstance(entry, Mapping) or "path" not in entry or set(entry) - {"path", "label"}:
+            raise ConfigError(f"config key 'checkpoints.{m}': expected a path/hub id or {{path, label}}")
+        checkpoints = {**checkpoints, m: {**entry, "path": expand_env(entry["path"], f"checkpoints.{m}.path")}}
+        if checkpoints[m]["path"] is None:  # `${VAR:-}` with VAR unset, or null: no checkpoint, trained here
+            checkpoints = {k: v for k, v in checkpoints.items() if k != m}
     for m in methods:
         if m in checkpoints:
             entry = checkpoints[m]
-            entry = {"path": entry} if isinstance(entry, str) else entry
-            if not isinstance(entry, Mapping) or "path" not in entry or set(entry) - {"path", "label"}:
-                raise ConfigError(f"config key 'checkpoints.{m}': expected a path/hub id or {{path, label}}")
-            entry = {**entry, "path": expand_env(entry["path"], f"checkpoints.{m}.path")}
             _check_model(entry["path"], f"checkpoints.{m}.path")
             specs.append(MethodSpec(m, str(entry.get("label") or f"{LABELS[m]} (checkpoint)"), "checkpoint",
                                     str(entry["path"])))
@@ -379,7 +413,8 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
     resolved["configs"] = raw_cfgs
     return ExperimentSpec(name=name, model=model, task=task, updates=int(updates or 0), methods=tuple(specs),
                           es=stage_cfgs.get("es"), grpo=stage_cfgs.get("grpo"), eval=proto, pairs=tuple(pairs),
-                          data_dir=data.get("data_dir"), raw=resolved, seeds=seeds)
+                          data_dir=data.get("data_dir"), raw=resolved, seeds=seeds,
+                          plan=_plan_settings(data.get("plan")))
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec:

@@ -311,8 +311,10 @@ def is_finished(point: SweepPoint) -> bool:
     marker = point.run_dir / DONE_FILE
     if not marker.is_file():
         return False
-    saved = _flat(json.loads(marker.read_text())["config"])
-    now = _flat(to_dict(point.cfg))
+    from esreason.config_logging import without_logging
+
+    saved = _flat(without_logging(json.loads(marker.read_text())["config"]))
+    now = _flat(without_logging(to_dict(point.cfg)))
     diffs = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
              if saved.get(k) != now.get(k)]
     if diffs:

@@ -21,6 +21,7 @@ from typing import Literal, Sequence
 
 from esreason.config import (CheckpointConfig, EvalConfig, GenerationConfig, RunBase, TrainConfig, load_config,
                              require, validate_run)
+from esreason.config_logging import LoggingConfig
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ class GRPORunConfig(RunBase):
     generation: GRPOGenerationConfig = field(default_factory=GRPOGenerationConfig)
     checkpoint: GRPOCheckpointConfig = field(default_factory=GRPOCheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         validate(self)

@@ -168,4 +168,35 @@ def plan_batches(cfg: GRPORunConfig, num_problems: int, num_processes: int = 1) 
                      total_updates=total, num_processes=num_processes)
 
 
-__all__ = ["BatchPlan", "check_divisible", "plan_batches", "updates_per_epoch"]
+def trl_forwards(cfg: GRPORunConfig, num_processes: int = 1) -> dict[str, int]:
+    """Forward-equivalents TRL 1.16 runs per padded token of a rollout under this config's batching
+    (the plan's GRPO train term, issue 36); a backward counts as two forwards.
+
+    - ``train``: 3, the loss forward and its backward (``GRPOTrainer._compute_loss``);
+    - ``recompute``: 1 with ``grpo.gradient_checkpointing`` (the backward reruns each checkpointed
+      layer's forward);
+    - ``old_logps``: 1 when ``GRPOTrainer._generate_and_score_completions`` recomputes the behaviour
+      log-probabilities: when ``gradient_accumulation_steps % (steps_per_generation x num_iterations)
+      != 0``, or with ``vllm_importance_sampling_correction`` under vLLM, which
+      :func:`esreason.grpo.trainer.build_trl_args` turns off (and sets num_iterations = 1). So it runs
+      exactly when an update makes more than one optimizer step (``grpo.mini_batch_size`` <
+      ``train.batch_size``), as the paper's Easy config does (B / mini = 2);
+    - ``reference``: 1 when ``grpo.beta != 0`` (the same function, ``ref_per_token_logps`` under no_grad).
+
+    Both extra forwards run under ``torch.no_grad`` with checkpointing disabled
+    (``disable_gradient_checkpointing``), in chunks of ``per_device_train_batch_size`` rows of the
+    whole padded generation batch.
+    """
+    g = cfg.grpo
+    check_divisible(cfg, num_processes)
+    shape = BatchPlan(prompts_per_update=cfg.train.batch_size, generations=g.num_generations,
+                      prompts_per_optimizer_step=g.mini_batch_size or cfg.train.batch_size,
+                      sequences_per_micro_batch=g.micro_batch_size, updates_per_epoch=1, total_updates=1,
+                      num_processes=num_processes)
+    num_iterations = 1  # build_trl_args
+    old = shape.gradient_accumulation_steps % (shape.steps_per_generation * num_iterations) != 0
+    return {"train": 3, "recompute": int(g.gradient_checkpointing), "old_logps": int(old),
+            "reference": int(g.beta != 0.0)}
+
+
+__all__ = ["BatchPlan", "check_divisible", "plan_batches", "trl_forwards", "updates_per_epoch"]

@@ -250,13 +250,16 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     from esreason.grpo.plan import plan_batches
     from esreason.grpo.reward import TaskReward
     from esreason.grpo.rollouts import SamplerRollouts, uses_sampler
-    from esreason.grpo.trainer import PaperGRPOTrainer, build_trl_args, check_trl_version, make_grpo_config
+    from esreason.grpo.trainer import PaperGRPOTrainer, check_trl_version, make_grpo_config, trl_args_for_run
     from esreason.io import MetricsLogger, RunDir, atomic_directory, progress_bar
     from esreason.io.space import tensor_bytes
     from esreason.io.verify import checksum_manifest
 
+    from esreason.io.wandb_log import require
+
     check_trl_version()
     _check_device(cfg)
+    require(cfg.logging.wandb)  # W&B asked for but not installed: one line, before anything is loaded
     procs = Processes.from_env()
     _check_processes(cfg, procs)
     resume = resume or resume_from is not None
@@ -271,7 +274,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         problems = stream_problems(cfg, problems)
     plan = plan_batches(cfg, len(problems), procs.num_processes)
     scorer = verifiers.get(task.verifier, format_reward=cfg.grpo.format_reward)
-    trl_kwargs = build_trl_args(cfg, plan, out / cb.TRL_DIR)
+    trl_kwargs = trl_args_for_run(cfg, plan, out / cb.TRL_DIR, problems)  # vLLM's context: the longest prompt
     # Under a launcher this sets up the process group (TrainingArguments -> accelerate.PartialState).
     grpo_args = make_grpo_config(trl_kwargs)
     if grpo_args.world_size != procs.num_processes or grpo_args.generation_batch_size != plan.sequences_per_update:
@@ -310,7 +313,13 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
 
     start = point.step if point else 0
     truncate_after = (start if point else -1) if resume else None
-    with (MetricsLogger(out, truncate_after=truncate_after) if procs.is_main else nullcontext()) as logger:
+    from esreason.config import to_dict
+    from esreason.io.wandb_log import wandb_metrics
+
+    k = plan.optimizer_steps_per_update  # W&B: rows plotted against TRL's train/global_step
+    with (MetricsLogger(out, truncate_after=truncate_after) if procs.is_main else nullcontext()) as run_log, \
+            wandb_metrics(cfg.logging.wandb, out, to_dict(cfg), run_log, job_type="grpo",
+                          x_axis=lambda u: {"train/global_step": u * k, "update": u}) as logger:
         bar = progress_bar(total=plan.total_updates, desc="GRPO",
                            disable=None if progress and procs.is_main else True, initial=start)
         # make_heldout reads only task/data/eval/generation/train.seed, which GRPORunConfig shares with
@@ -335,6 +344,10 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
                 train_dataset=_build_dataset(problems), processing_class=tokenizer, callbacks=callbacks,
                 standardize_advantages=cfg.grpo.standardize_advantages, rollout_func=rollout_func)
         _remove_console_callbacks(trainer)
+        if logger is not run_log:  # W&B: the completions table from TRL's last rollouts
+            from esreason.grpo.wandb_table import grpo_completions
+
+            logger.sample = grpo_completions(trainer, cfg.logging.wandb.table_rows)
         _record_backend(out, trainer, procs)
         try:
             with known_library_noise():  # TRL's and the Trainer's known messages, by message and module
@@ -407,7 +420,9 @@ def add_resume_from(p: argparse.ArgumentParser) -> None:
 def _cmd_train_grpo(args: argparse.Namespace) -> int:
     from esreason.grpo.config import load_grpo_config
 
-    cfg = load_grpo_config(args.config, args.set or [])
+    from esreason.config_logging import wandb_sets
+
+    cfg = load_grpo_config(args.config, [*(args.set or []), *wandb_sets(args)])
     output = Path(args.output) if args.output else _default_output(args.config)
     try:
         result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress,
@@ -431,6 +446,9 @@ def register(train_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint")
     add_resume_from(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from esreason.config_logging import add_wandb_flag
+
+    add_wandb_flag(p)
     p.set_defaults(func=_cmd_train_grpo)
     return p
 

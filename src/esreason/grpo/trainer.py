@@ -144,10 +144,18 @@ class PaperGRPOTrainer(GRPOTrainer):
         return output
 
 
-def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) -> dict[str, Any]:
+def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path,
+                   prompt_tokens: int | None = None) -> dict[str, Any]:
     """Keyword arguments for ``trl.GRPOConfig``: every setting that affects the run, explicit.
 
-    Returned as a dict so the manifest records exactly what TRL was given.
+    Returned as a dict so the manifest records exactly what TRL was given. ``prompt_tokens``: the
+    longest training prompt (:func:`longest_prompt_tokens`), which bounds vLLM's context
+    (:func:`vllm_args`). ``model_init_kwargs`` carries ``device_map=None``: TRL 1.16 builds the KL
+    reference (beta > 0) with ``device_map="auto"`` unless accelerate's distributed type is
+    MULTI_GPU or DEEPSPEED (grpo_trainer.py, "Reference model"), so under FSDP every process would
+    spread an fp32 reference over all the node's GPUs. With None it loads on the host and TRL's
+    ``prepare_fsdp`` shards it (DDP: accelerate moves it to the process's GPU). TRL logs once that
+    ``model_init_kwargs`` does not apply to the policy (we pass it loaded); it applies to the reference.
     """
     g, gen, ck = cfg.grpo, cfg.generation, cfg.checkpoint
     k = plan.optimizer_steps_per_update
@@ -212,7 +220,8 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
         "max_completion_length": gen.max_new_tokens,
         "generation_kwargs": None,
         "use_vllm": g.use_vllm,
-        **vllm_args(cfg),
+        **vllm_args(cfg, prompt_tokens),
+        "model_init_kwargs": {"device_map": None},  # the KL reference: see the docstring
         "vllm_importance_sampling_correction": False,  # verl recomputes old log-probs; no vLLM-vs-trainer IS
         "use_transformers_continuous_batching": False,
         "pad_to_multiple_of": None,
@@ -226,7 +235,8 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
         "logging_steps": k,
         "logging_first_step": False,
         "log_completions": False,
-        "report_to": "none",
+        # logging.wandb: transformers' WandbCallback logs TRL's metrics into the W&B run esreason opened
+        "report_to": ["wandb"] if cfg.logging.wandb.enabled else "none",
         "disable_tqdm": True,
         "save_strategy": "steps",
         "save_steps": save_every,
@@ -237,24 +247,53 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path) 
     }
 
 
-def vllm_args(cfg: GRPORunConfig) -> dict[str, Any]:
+def vllm_args(cfg: GRPORunConfig, prompt_tokens: int | None = None) -> dict[str, Any]:
     """TRL 1.16's vLLM rollout fields (``GRPOConfig.vllm_*``) for ``grpo.vllm_*``.
 
     Colocate: one engine per training process with tensor parallel 1, so ``accelerate launch
     --num_processes P`` gives P engines, one per GPU (TRL passes ``distributed_executor_backend=
-    "external_launcher"`` and seeds engine r with r). vLLM's own context limit is kept (None): the
-    prompt plus ``generation.max_new_tokens`` must fit, which the paper's models' 32k-128k contexts do.
+    "external_launcher"`` and seeds engine r with r). vLLM's context (``vllm_max_model_length``) is
+    the longest prompt plus ``generation.max_new_tokens``: with vLLM's default, the model's own
+    context (Llama-3.2-3B: 131,072 tokens), the engine must hold one full-context sequence of KV
+    cache (14 GiB at 3B) inside its ``vllm_gpu_memory_utilization`` share, or it refuses to start.
+    Without ``prompt_tokens`` vLLM's default is kept (None).
     """
     g = cfg.grpo
+    context = None if prompt_tokens is None else int(prompt_tokens) + cfg.generation.max_new_tokens
     return {
         "vllm_mode": g.vllm_mode,
         "vllm_tensor_parallel_size": 1,
         "vllm_gpu_memory_utilization": g.vllm_gpu_memory_utilization,
         "vllm_enable_sleep_mode": g.vllm_sleep,
         "vllm_server_base_url": g.vllm_server_url,
-        "vllm_max_model_length": None,
+        "vllm_max_model_length": context,
         "vllm_model_impl": "vllm",
     }
+
+
+def longest_prompt_tokens(tokenizer: Any, problems: Any, batch: int = 512) -> int:
+    """Tokens of the longest training prompt as TRL 1.16 tokenizes it for generation: the chat
+    template with the generation prompt, ``apply_chat_template(tokenize=True)`` (grpo_trainer.py,
+    ``_tokenize_prompts``). 0 for no problems."""
+    longest = 0
+    for start in range(0, len(problems), batch):
+        chats = [[dict(m) for m in p.messages] for p in problems[start:start + batch]]
+        ids = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True, return_dict=True)
+        longest = max([longest, *(len(x) for x in ids["input_ids"])])
+    return longest
+
+
+def trl_args_for_run(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path, problems: Any) -> dict[str, Any]:
+    """:func:`build_trl_args` for a run over ``problems``: with vLLM rollouts its context is bounded by
+    the longest of these prompts under the model's tokenizer (without vLLM nothing is measured)."""
+    prompt_tokens = None
+    if cfg.grpo.use_vllm:
+        from transformers import AutoTokenizer
+
+        from esreason.backends.hf import resolve_model_path
+
+        prompt_tokens = longest_prompt_tokens(AutoTokenizer.from_pretrained(resolve_model_path(cfg.model)), problems)
+    return build_trl_args(cfg, plan, output_dir, prompt_tokens)
 
 
 def checkpointing_field() -> str:
@@ -271,4 +310,4 @@ def make_grpo_config(kwargs: dict[str, Any]) -> GRPOConfig:
 
 
 __all__ = ["EpochSeededRepeatSampler", "PaperGRPOTrainer", "TRL_VERSION", "build_trl_args", "check_trl_version",
-           "epoch_seed", "make_grpo_config", "vllm_args"]
+           "epoch_seed", "longest_prompt_tokens", "make_grpo_config", "trl_args_for_run", "vllm_args"]
