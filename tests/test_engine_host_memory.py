@@ -26,8 +26,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from esreason.backends.engine import HFEngine, HFEngineOptions, StateDir, policy_checksum, policy_state, \
-    shared_state_dir, state_key
+from esreason.backends.engine import (HFEngine, HFEngineOptions, StateDir, policy_checksum, policy_state,
+                                      remove_shared_state, shared_state_dir, shared_state_root, state_key)
 from esreason.errors import UserError
 from esreason.experiments.memplan_host import engine_start_host_bytes, es_host, largest_tensor_elements
 
@@ -181,12 +181,32 @@ def test_pool_sends_the_start_state_by_path(tmp_path, monkeypatch, nodes):
     monkeypatch.setenv("ESREASON_ENGINE_DIR", str(tmp_path))
     state = {"config.json": b"{}", "model.safetensors": b"w" * 1000}
     pool = RayEnginePool.__new__(RayEnginePool)  # no Ray: only the state hand-off
-    pool.ray, pool._state_keys = _FakeRay(nodes), set()
+    pool.ray, pool._state_keys, pool._nonce = _FakeRay(nodes), set(), "pool-a"
     sent = pool._put_state(state)
-    assert isinstance(sent, StateDir) and sent.key == state_key(state) and pool._state_keys == {sent.key}
-    assert Path(sent.path) == shared_state_dir(state) and (Path(sent.path) / ".complete").is_file()
+    assert isinstance(sent, StateDir) and sent.key == f"{state_key(state)}-pool-a" and pool._state_keys == {sent.key}
+    assert Path(sent.path) == shared_state_root() / sent.key and (Path(sent.path) / ".complete").is_file()
     assert (Path(sent.path) / "model.safetensors").read_bytes() == state["model.safetensors"]
     assert (sent.files is None and pool.ray.puts == []) if nodes == 1 else (sent.files == "ref1")
+
+
+def test_two_pools_of_one_node_never_remove_each_others_start_state(tmp_path, monkeypatch):
+    """Issue 37's loaded-suite failure: two pools on one node with the same state (two runs of one
+    model) shared one content-keyed copy, and the first to close removed it while the other's engines
+    were still starting from it. Each pool now writes and removes its own copy."""
+    from esreason.backends.ray_pool import RayEnginePool
+
+    monkeypatch.setenv("ESREASON_ENGINE_DIR", str(tmp_path))
+    state = {"config.json": b"{}", "model.safetensors": b"w" * 1000}
+    pools = []
+    for nonce in ("pool-a", "pool-b"):
+        pool = RayEnginePool.__new__(RayEnginePool)
+        pool.ray, pool._state_keys, pool._nonce = _FakeRay(1), set(), nonce
+        pools.append((pool, pool._put_state(state)))
+    (a, sent_a), (b, sent_b) = pools
+    assert sent_a.path != sent_b.path
+    for key in a._state_keys:  # what pool a's close removes
+        remove_shared_state(key)
+    assert not Path(sent_a.path).exists() and (Path(sent_b.path) / ".complete").is_file()
 
 
 def test_an_engine_on_another_node_writes_its_copy_once(tmp_path, monkeypatch):

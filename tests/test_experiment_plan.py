@@ -135,7 +135,7 @@ def test_bad_input_is_one_clear_error(easy):
         build_plan(easy, 0)
     with pytest.raises(UserError, match="unknown GPU type 'tpu'"):
         build_plan(easy, 8, "tpu")
-    with pytest.raises(UserError, match="no throughput assumption for a model of 0.00087B"):
+    with pytest.raises(UserError, match="no throughput assumption for a model of 0.00087B.*--calibrate"):
         tab.size_class(870_000)  # the embedded default: a CPU model, outside the GPU table
     with pytest.raises(UserError, match="no known test size for task 'demo-add'"):
         tab.test_size("demo-add")

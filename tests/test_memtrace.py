@@ -204,6 +204,8 @@ def test_every_gpu_stage_plans_host_ram_pinned_memory_and_disk_per_node():
     assert es["pinned_gib"]["engine_masters"] == pytest.approx(8 * 4 * params / gib, rel=1e-3)
     assert es["pinned_gib"]["engine_masters"] == es["host_ram_gib"]["engine_masters_pinned"]  # pinned is host RAM
     assert es["disk_gib"]["start_state"] == pytest.approx((2 + 4) * params / gib, rel=1e-3)  # once, not 8 times
+    # the trainer holds the start state's bytes while the engines start (backends.engine.policy_state)
+    assert es["host_ram_gib"]["trainer_start_state"] == pytest.approx((2 + 4) * params / gib, rel=1e-3)
     grpo = next(s for s in plan["stages"] if s["name"] == "train/grpo")
     assert "(FSDP)" in grpo["runs_on"]
     host = grpo["memory"]["host"]["host_ram_gib"]

@@ -127,8 +127,11 @@ def test_a_pool_of_two_engines_writes_one_start_state_copy_and_removes_it(ray_lo
 
     model, tok = load_model(str(demo_model_dir()))
     policy = HFPolicy(model, tok)
-    copy = shared_state_root() / state_key(policy_state(policy))
+    key = state_key(policy_state(policy))
     pool = build_ray_pool(load_config(None, ("model=demo", "backend.type=ray", "backend.engines=2")), policy)
+    (own,) = pool._state_keys
+    assert own.startswith(key + "-")  # the content key and this pool's nonce (tests/test_engine_host_memory.py)
+    copy = shared_state_root() / own
     try:
         assert (copy / ".complete").is_file() and (copy / "model.safetensors").is_file()
         staging = [p for p in shared_state_root().iterdir() if p.name.startswith(f".{copy.name}")]

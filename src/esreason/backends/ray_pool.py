@@ -37,6 +37,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -44,8 +45,8 @@ from typing import Any, Callable, Sequence
 from esreason.backends.base import SamplingParams
 from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
                                       StartState, StateDir, StateFiles, check_noise_domains, policy_checksum,
-                                      policy_noise_domain, policy_state, remove_shared_state, shared_state_dir,
-                                      state_key)
+                                      policy_noise_domain, policy_state, remove_shared_state, shared_state_root,
+                                      state_key, write_once)
 from esreason.backends.engine_env import (engine_start_timeout, gpu_share, gpu_start_lock, local_state,
                                           pin_visible_gpu, ray_gpu_assignment)
 from esreason.backends.ray_connect import check_address, import_ray  # noqa: F401 (import_ray re-exported)
@@ -178,7 +179,8 @@ class RayEnginePool:
         self._pending_updates: dict[int, Any] = {}
         self._next_rank = 0
         self._closed = False
-        self._state_keys: set[str] = set()  # start states written once per node (engine.shared_state_dir)
+        self._state_keys: set[str] = set()  # this pool's start states, written once per node
+        self._nonce = uuid.uuid4().hex[:12]  # names this pool's copies: another pool's close never removes them
         self.engine_hosts: dict[int, str] = {}  # engine rank -> the host it started on
         self.engine_gpus: dict[int, list[str]] = {}  # engine rank -> its Ray GPU ids (shared under engines_per_gpu)
         self.sharded = ShardedUpdate(self, collective_timeout_s) if update == "sharded" else None
@@ -394,10 +396,12 @@ class RayEnginePool:
     def _put_state(self, state: StateFiles) -> StateDir:
         """``state`` written once on this node and passed to the engines by path (its key remembered
         for :meth:`close`); the bytes go to the object store only for a cluster of several nodes,
-        whose other nodes write their own copy from them (:func:`local_state`)."""
-        key = state_key(state)
+        whose other nodes write their own copy from them (:func:`local_state`). The copy is this
+        pool's (content key + pool nonce): two pools of one node with the same state (two runs of one
+        model) each close their own, never the directory the other's engines are still reading."""
+        key = f"{state_key(state)}-{self._nonce}"
         self._state_keys.add(key)
-        path = shared_state_dir(state)
+        path = write_once(shared_state_root() / key, lambda: state)
         nodes = [n for n in self.ray.nodes() if n.get("Alive")]
         return StateDir(str(path), key, self.ray.put(state) if len(nodes) > 1 else None)
 

@@ -74,7 +74,8 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
     masters each engine pins when they do not fit beside vLLM's reservation (exactly their bytes:
     :class:`esreason.backends.pinned.PinnedArena`), the start state written once per node
     (:func:`esreason.backends.engine.shared_state_dir`) and the checkpoints kept. Each engine reads
-    the start state from that copy one tensor at a time (:func:`engine_start_host_bytes`)."""
+    the start state from that copy one tensor at a time (:func:`engine_start_host_bytes`); the trainer
+    holds the start state's bytes while the engines start (``trainer_start_state``)."""
     params = parameter_count(architecture(cfg.model))
     w = _bytes(cfg.dtype)
     masters = es_masters_gib(cfg)
@@ -96,6 +97,9 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
             pinned.add("engine_masters", engines * start["centre"] / GIB, "es.master_weights, backend.engines")
             ram.add("engine_masters_pinned", engines * start["centre"] / GIB, "es.master_weights, backend.engines")
         ram.add("engine_load_tensor", engines * start["load_tensor"] / GIB, "backend.engines")
+        # The trainer builds the pool's start state as bytes (backends.engine.policy_state: weights
+        # and masters read back from a temporary save) and holds them while the engines start.
+        ram.add("trainer_start_state", w * params / GIB + masters, "- (while the engines start)")
         disk.add("start_state", (w * params / GIB + masters), "- (once per node)")
     disk.add("checkpoints", _checkpoints(cfg, updates) * (w * params / GIB + masters),
              "checkpoint.every, checkpoint.keep_last")

@@ -310,7 +310,8 @@ def size_class(params: int) -> str:
         if 0.5e9 <= params <= upper:
             return name
     raise UserError(f"no throughput assumption for a model of {params / 1e9:.3g}B parameters (the plan's table "
-                    f"covers {', '.join(n for n, _ in SIZE_CLASSES)}: 0.5B-9B; esreason.experiments.plan_table)")
+                    f"covers {', '.join(n for n, _ in SIZE_CLASSES)}: 0.5B-9B; esreason.experiments.plan_table); "
+                    "plan it with this machine's own constants: --calibrate")
 
 
 def gpu_spec(gpu: str) -> dict[str, Any]:
