@@ -435,7 +435,7 @@ def calibrate_and_print(spec: ExperimentSpec, as_json: bool, max_spread: float |
     try:
         with contextlib.redirect_stdout(sys.stderr):
             plan = calibrated_plan(spec, calibrate(spec), max_spread)
-    except BaseException:
+    except BaseException:  # any exit (a refusal, Ctrl-C): give the process its stdout back, then re-raise
         os.dup2(real_stdout, 1)
         os.close(real_stdout)
         raise
