@@ -155,7 +155,7 @@ CONSTANTS: dict[str, Assumption] = {
     "seeded_row_us": Assumption("seeded_row_us", 8.0, "us per seeded row per decode step",
                                 "assumption (ours): vLLM V1's sampler draws each request with its own seed in a Python "
                                 "loop, one exponential_ kernel per row (vllm/v1/sample/ops/topk_topp_sampler.py "
-                                "random_sample, 'TODO: This can be slow'): one launch plus one iteration, ~5-10 us"),
+                                "random_sample): one launch plus one iteration, ~5-10 us"),
     "vllm_sleep_wake_s": Assumption("vllm_sleep_wake_s", 1.0, "s per rollout (sleep level 2 + wake of weights and KV)",
                                     "assumption (ours): TRL's colocate engine sleeps after every generation "
                                     "(trl/generation/vllm_generation.py VLLMGeneration.generate: llm.sleep(level=2)) "
