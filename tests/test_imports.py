@@ -43,8 +43,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "esreason.backends": ("esreason.backends", "esreason.es", "esreason.embedded", "esreason.io",
                           "esreason.verifiers", "esreason.tasks", "esreason.errors"),
     # The bottom layer beside the core: run directories and files, the embedded model, tasks, verifiers.
-    "esreason.io": ("esreason.io", "esreason.errors", "esreason.embedded"),
+    "esreason.io": ("esreason.io", "esreason.errors", "esreason.embedded", "esreason.openmp"),
     "esreason.embedded": ("esreason.embedded", "esreason.errors", "esreason.io", "esreason.tasks"),
+    # A leaf like errors: the OpenMP spin setting (stdlib only), read by the manifest and `info`.
+    "esreason.openmp": ("esreason.openmp",),
 }
 
 

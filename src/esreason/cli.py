@@ -149,6 +149,9 @@ def _disk_full(exc: Exception, args: argparse.Namespace) -> UserError | None:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from esreason import openmp
+
+    openmp.configure()  # before torch is imported: libgomp reads its spin count once (esreason.openmp)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -195,7 +195,10 @@ def device_info(torch: Any) -> dict[str, Any]:
     available = bool(torch.cuda.is_available())
     drv = find_driver(torch)
     if drv is None and not available:
-        return {"type": "cpu", "gpu": False, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+        from esreason import openmp
+
+        return {"type": "cpu", "gpu": False, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                "openmp_wait": openmp.describe()}
     drv = drv or {"driver": None, "driver_cuda": None, "gpus": [], "source": None}
     names = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
              if available else drv["gpus"])
@@ -258,7 +261,8 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"{'device':<13} cuda {dev['cuda'] or '(CPU torch)'}: {gpus}")
         lines.append(f"{'driver':<13} {_driver_line(dev)}")
     else:
-        lines.append(f"{'device':<13} no GPU: cpu ({dev['cpu_count']} cores, {dev['torch_threads']} torch threads)")
+        lines.append(f"{'device':<13} no GPU: cpu ({dev['cpu_count']} cores, {dev['torch_threads']} torch threads, "
+                     f"{dev.get('openmp_wait', 'OpenMP wait unknown')})")
     emb = info["embedded"]
     if emb["exists"]:
         lines.append(f"{'embedded':<13} {emb['path']}  ({emb.get('model_type')}, {emb['parameters']:,} parameters, "

@@ -45,7 +45,10 @@ every operator, and a tiny model's operators take microseconds, so any other run
 the machine stretches a step by a scheduler time slice per operator: the same work then took 3-10x
 (and up to 56x) longer, in CPU time as well as wall time (threads spinning at the barrier). Two
 samples carried such stalls straight into the plan. Medians over more samples drop a stall; the
-spread check refuses a calibration in which stalls were the rule (``--max-spread``).
+spread check refuses a calibration in which stalls were the rule (``--max-spread``). Most of the
+stall was libgomp's spinning threads; the CLI now bounds their spin (:mod:`esreason.openmp`), and
+the machine line of the plan names the setting. Measured (``benchmarks/plan_vs_run.py --repeat 3``,
+2-core Intel Xeon, idle, 2026-11-28): the demo ran at 1.01, 0.98 and 1.04 of its calibrated plan.
 
 What it cannot see: how training changes the response lengths (the evaluations of trained models
 are priced at the calibration's near-base lengths; on the demo the trained methods' evaluations took
@@ -294,7 +297,9 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    from esreason import openmp
+
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {openmp.describe()}"
 
 
 def calibrate(spec: ExperimentSpec, work: str | Path | None = None, log: Any = None) -> Calibration:

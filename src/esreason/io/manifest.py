@@ -65,13 +65,17 @@ def git_state(package_dir: Path | None = None) -> dict[str, Any]:
 
 
 def device_info() -> dict[str, Any]:
-    """CUDA device names (and CUDA version) when available, else CPU core and thread counts."""
+    """CUDA device names (and CUDA version) when available, else CPU cores, torch threads and the OpenMP
+    wait setting (:mod:`esreason.openmp`)."""
     import torch
 
     if torch.cuda.is_available():
         return {"type": "cuda", "cuda": torch.version.cuda,
                 "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
-    return {"type": "cpu", "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    from esreason import openmp
+
+    return {"type": "cpu", "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "openmp_wait": openmp.describe()}
 
 
 def build_manifest(config_dict: dict[str, Any], *, seeds: dict[str, Any], model_dir: str | None = None,

@@ -1,0 +1,46 @@
+"""The README's and docs/scale.md's plan tables equal the plan command's output (issue 36, "Done when").
+
+The rows come from scripts/plan_tables.py and scripts/memory_table.py, which run
+``esreason experiment plan configs/experiments/X.yaml --gpus 8 [--hf-only] --json`` in process; a
+change to a plan term, a throughput constant or a shipped config that is not followed by
+regenerating the docs (run the two scripts, paste their rows) fails here, naming the row.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"_esreason_script_{name}", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tables():
+    cwd = os.getcwd()
+    os.chdir(REPO)  # the scripts name configs/experiments/*.yaml relative to the repository
+    try:
+        pt, mt = _script("plan_tables"), _script("memory_table")
+        mt.plan = pt.plan  # one plan per experiment for both tables
+        yield {"README.md": pt.readme_rows(), "docs/scale.md": pt.scale_rows() + mt.rows()}
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/scale.md"])
+def test_docs_tables_are_the_plan_commands_output(tables, doc):
+    text = (REPO / doc).read_text()
+    missing = [row for row in tables[doc] if row not in text.splitlines()]
+    assert not missing, (f"{doc} does not hold these rows of the plan's output (regenerate with "
+                         f"`python scripts/plan_tables.py` and `python scripts/memory_table.py`):\n" + "\n".join(missing))
