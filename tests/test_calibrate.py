@@ -303,3 +303,13 @@ def test_a_plan_whose_constants_spread_over_the_bound_is_refused():
     with pytest.raises(UserError, match="--max-spread: expected a number > 0"):
         cal.calibrated_plan(spec, fake_calibration(), max_spread=0.0)
     assert "es.decode" in cal.render_calibrated(steady)
+
+
+def test_a_bad_max_spread_is_refused_before_the_calibration_runs(monkeypatch, capsys):
+    """A wrong flag costs nothing: exit 2 and one line naming it, and no calibration run."""
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the calibration ran before --max-spread was checked")
+
+    monkeypatch.setattr(cal, "calibrate", must_not_run)
+    assert main(["experiment", "plan", str(DEMO), "--calibrate", "--max-spread", "-1"]) == 2
+    assert "--max-spread: expected a number > 0, got -1.0" in capsys.readouterr().err

@@ -18,6 +18,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.file, args.set or [])
     if args.calibrate:  # this machine's constants, measured by a short run (experiments.calibrate)
+        if not args.max_spread > 0:  # refused before the calibration run, not after it
+            raise UserError(f"--max-spread: expected a number > 0, got {args.max_spread!r}")
         from esreason.experiments.calibrate import calibrate_and_print
 
         calibrate_and_print(spec, args.json, args.max_spread)
