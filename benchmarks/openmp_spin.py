@@ -31,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
 #: libgomp's spin count when neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY is set (its manual).
 LIBGOMP_DEFAULT = 300_000
 
@@ -45,7 +46,7 @@ def cell(spin: int, hogs: int, updates: int) -> float:
             subprocess.run([sys.executable, "-m", "esreason.cli", "train", "es", "--config", "configs/demo/es.yaml",
                             "--set", "es.population_size=32", "--set", f"train.max_steps={updates}",
                             "--set", "checkpoint.every=0", "--output", f"{tmp}/run", "--no-progress"],
-                           env=env, check=True, capture_output=True, text=True)
+                           env=env, check=True, capture_output=True, text=True, cwd=REPO)
         finally:
             for p in busy:
                 p.kill()
@@ -65,10 +66,8 @@ def main() -> None:
     args = ap.parse_args()
     from esreason.openmp import SPIN_COUNT
 
-    if args.spin is not None:
-        SPIN_COUNT = args.spin
-
-    spins = {"default": LIBGOMP_DEFAULT, "ours": SPIN_COUNT}
+    ours = SPIN_COUNT if args.spin is None else args.spin
+    spins = {"default": LIBGOMP_DEFAULT, "ours": ours}
     cells = [("idle", "default", 0), ("idle", "ours", 0), ("busy", "default", args.hogs), ("busy", "ours", args.hogs)]
     got: dict[str, list[float]] = {f"{load}/{spin}": [] for load, spin, _ in cells}
     for _ in range(args.repeats):
@@ -77,7 +76,7 @@ def main() -> None:
     s = {k: round(statistics.median(v), 3) for k, v in got.items()}
     print(json.dumps({
         "workload": "the demo's ES updates (N 32, B 16, batched, 64 greedy tokens), torch's default threads",
-        "cpu_count": os.cpu_count(), "spin_ours": SPIN_COUNT, "hogs": args.hogs,
+        "cpu_count": os.cpu_count(), "spin_ours": ours, "hogs": args.hogs,
         "seconds_per_update": s, "samples": got,
         "default_over_ours": {"idle": round(s["idle/default"] / s["idle/ours"], 3),
                               "busy": round(s["busy/default"] / s["busy/ours"], 3)},

@@ -85,8 +85,8 @@ def scale_rows() -> list[str]:
     rows = ["| experiment | shipped configs: wall h / GPU-h | every generation on HF: wall h / GPU-h |",
             "| --- | ---: | ---: |"]
     for _, label, name, has_hf, sets in EXPERIMENTS:
-        shipped = plan(name, False, sets)
-        hf = f"{plan(name, True)['wall_hours']:.1f} / {plan(name, True)['total_gpu_hours']:,.1f}" if has_hf else "–"
+        shipped, on_hf = plan(name, False, sets), plan(name, True) if has_hf else None
+        hf = f"{on_hf['wall_hours']:.1f} / {on_hf['total_gpu_hours']:,.1f}" if on_hf else "–"
         rows.append(f"| {label} | {shipped['wall_hours']:.1f} / {shipped['total_gpu_hours']:,.1f} | {hf} |")
     return rows
 
