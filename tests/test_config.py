@@ -94,7 +94,7 @@ def test_es_and_grpo_configs_share_the_run_level_base():
     from esreason.grpo.config import GRPORunConfig
 
     base = [(f.name, f.type, f.default) for f in dataclasses.fields(RunBase)]
-    assert [b[0] for b in base] == ["model", "task", "data_path", "data_dir", "dtype", "device"]
+    assert [b[0] for b in base] == ["model", "task", "data_path", "tasks_dir", "data_dir", "dtype", "device"]
     for cls in (RunConfig, GRPORunConfig):
         assert issubclass(cls, RunBase)
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -106,7 +106,7 @@ def test_es_and_grpo_configs_share_the_run_level_base():
 
     assert issubclass(GRPOGenerationConfig, GenerationConfig) and issubclass(GRPOCheckpointConfig, CheckpointConfig)
     # the top-level key order (config.yaml, the "known keys" error) keeps the method's section first
-    with pytest.raises(ConfigError, match="known keys under top level: model, task, data_path, data_dir, dtype, "
+    with pytest.raises(ConfigError, match="known keys under top level: model, task, data_path, tasks_dir, data_dir, dtype, "
                                           "device, es, train, generation, checkpoint, eval, backend, coverage"):
         load_config(None, ["bogus=1"])
 

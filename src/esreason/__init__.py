@@ -4,6 +4,36 @@ Implements the system of "Understanding Evolution Strategies for LLM Reasoning:
 Broader Reasoning Coverage than GRPO": full-parameter one-point ES with seeded
 perturbations and z-scored rewards, a FLOP-matched GRPO comparator, a Pass@K /
 Maj@K evaluation harness and analyses of what ES does to the weights.
+
+The Python API (imported on first use, so ``import esreason`` stays light)::
+
+    from esreason import ESConfig, ESTrainer, evaluate, register_task, Task, Problem
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+_API = {
+    "ESConfig": "esreason.api.config",
+    "ESTrainer": "esreason.api.trainer",
+    "evaluate": "esreason.api.evaluate",
+    "Task": "esreason.tasks.base",
+    "Problem": "esreason.tasks.base",
+    "Verdict": "esreason.verifiers.base",
+    "register_task": "esreason.tasks.registry",
+    "add_tasks_dir": "esreason.tasks.registry",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        import importlib
+
+        module = importlib.import_module(_API[name])
+        return getattr(module, "register" if name == "register_task" else name)
+    raise AttributeError(f"module 'esreason' has no attribute {name!r}")

@@ -128,7 +128,32 @@ def build_parser() -> argparse.ArgumentParser:
     from esreason.experiments.command import register as register_experiment
 
     register_experiment(sub)
+    p = sub.add_parser("tasks", help="list every task: name, verifier, splits and where it came from",
+                       description="List the registered tasks (built-in, plugin packages, task files).")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    p.set_defaults(func=_cmd_tasks)
+    _add_tasks_dir(parser)
     return parser
+
+
+def _add_tasks_dir(parser: argparse.ArgumentParser) -> None:
+    """``--tasks-dir DIR`` on every command that runs (leaf sub-commands): task files (*.yaml) to register
+    before anything looks a task up (docs/custom-tasks.md)."""
+    children = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not children:
+        parser.add_argument("--tasks-dir", action="append", metavar="DIR",
+                            help="register the task files (*.yaml) under DIR first (repeatable; also "
+                                 "ESREASON_TASKS_DIR; docs/custom-tasks.md)")
+        return
+    for action in children:
+        for child in dict.fromkeys(action.choices.values()):
+            _add_tasks_dir(child)
+
+
+def _cmd_tasks(args: argparse.Namespace) -> int:
+    from esreason.tasks.listing import print_tasks
+
+    return print_tasks(as_json=args.json)
 
 
 def _disk_full(exc: Exception, args: argparse.Namespace) -> UserError | None:
@@ -155,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        for directory in getattr(args, "tasks_dir", None) or ():
+            from esreason.tasks.registry import add_tasks_dir
+
+            add_tasks_dir(directory)
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"esreason: error: {exc}", file=sys.stderr)

@@ -74,11 +74,16 @@ class LoggingConfig:
     """Weights & Biases (off unless ``logging.wandb.project`` is set)."""
 
 
+#: Top-level keys that say where things are found or sent, not what a run computes: ``tasks_dir``
+#: only locates task files (the task's name and data are compared through ``task`` and ``data_path``).
+NOT_IDENTITY = (LOGGING_KEY, "tasks_dir")
+
+
 def without_logging(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A run config's plain dict (``esreason.config.to_dict``) without the ``logging`` section: what a
-    resume, a fingerprint or a finished-run check compares (the section does not change results, and
-    run directories written before it existed have none)."""
-    return {k: v for k, v in config.items() if k != LOGGING_KEY}
+    """A run config's plain dict (``esreason.config.to_dict``) without the ``logging`` section and the
+    other :data:`NOT_IDENTITY` keys: what a resume, a fingerprint or a finished-run check compares (they
+    do not change results, and run directories written before they existed have none)."""
+    return {k: v for k, v in config.items() if k not in NOT_IDENTITY}
 
 
 def with_wandb(cfg: Any, *, project: str | None = None, group: str | None = None) -> Any:

@@ -84,8 +84,18 @@ class PopulationResult:
 
     @property
     def member_rewards(self) -> np.ndarray:
-        """R_i = mean reward over the mini-batch, shape [N]."""
-        return self.rewards.mean(axis=1)
+        """R_i = mean reward over the mini-batch, shape [N]. A NaN reward (a sample no reward function
+        scored: TRL's all-``None`` row) is left out of its member's mean, as TRL leaves it out of a
+        group's baseline; a member with no scored sample is an error."""
+        if not np.isnan(self.rewards).any():
+            return self.rewards.mean(axis=1)
+        unscored = np.isnan(self.rewards).all(axis=1)
+        if unscored.any():
+            from esreason.errors import UserError
+
+            raise UserError(f"no reward function scored any completion of population member "
+                            f"{int(np.flatnonzero(unscored)[0])} (every function returned None for every row)")
+        return np.nanmean(self.rewards, axis=1)
 
 
 @runtime_checkable

@@ -56,6 +56,7 @@ from esreason.embedded import safe_decode
 from esreason.errors import UserError
 from esreason.es.population import Population
 from esreason.verifiers.base import Verdict
+from esreason.verifiers.batch import score_texts
 
 def check_batched_config(cfg: Any) -> None:
     """Reject settings the batched backend cannot reproduce exactly (UserError naming the key)."""
@@ -105,9 +106,8 @@ class BatchedEvaluator:
         correct = np.zeros((n, b), dtype=bool)
         formatted = np.zeros((n, b), dtype=bool)
         t0 = time.perf_counter()
-        for i, gen in enumerate(gens):
-            for j, (text, gold) in enumerate(zip(gen.texts, golds)):
-                v = scorer(text, gold)
+        for i, gen in enumerate(gens):  # one scoring call per member (reward functions take lists)
+            for j, v in enumerate(score_texts(scorer, gen.texts, golds)):
                 rewards[i, j], correct[i, j], formatted[i, j] = v.reward, v.correct, v.formatted
         t_rew = time.perf_counter() - t0
         timings = {"generate": t_gen, "reward": t_rew, "stack": self.stats.seconds.get("stack", 0.0)}

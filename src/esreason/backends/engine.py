@@ -35,6 +35,7 @@ import numpy as np
 
 from esreason.backends.base import Generation, PopulationResult, SamplingParams
 from esreason.errors import UserError
+from esreason.verifiers.batch import score_texts
 
 #: A checkpoint as ``{relative file name: file bytes}``.
 StateFiles = dict[str, bytes]
@@ -381,8 +382,7 @@ class ResultCollector:
         if len(out.texts) != len(self.golds):
             raise RuntimeError(f"member {out.index}: {len(out.texts)} responses for {len(self.golds)} prompts")
         t0 = time.perf_counter()
-        for j, (text, gold) in enumerate(zip(out.texts, self.golds)):
-            v = self.scorer(text, gold)
+        for j, v in enumerate(score_texts(self.scorer, out.texts, self.golds)):  # one call per member
             self.rewards[out.index, j], self.correct[out.index, j], self.formatted[out.index, j] = (
                 v.reward, v.correct, v.formatted)
         self.reward_seconds += time.perf_counter() - t0

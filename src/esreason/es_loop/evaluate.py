@@ -18,6 +18,7 @@ import numpy as np
 from esreason.backends.base import Generator, PerturbablePolicy, PopulationResult, SamplingParams
 from esreason.es.population import Population
 from esreason.verifiers.base import Verdict
+from esreason.verifiers.batch import score_texts
 
 
 def evaluate_population(policy: PerturbablePolicy, generator: Generator, population: Population,
@@ -40,8 +41,7 @@ def evaluate_population(policy: PerturbablePolicy, generator: Generator, populat
         finally:
             policy.restore()
         t0 = time.perf_counter()
-        for j, (text, gold) in enumerate(zip(gen.texts, golds)):
-            v = scorer(text, gold)
+        for j, v in enumerate(score_texts(scorer, gen.texts, golds)):  # one call per member
             rewards[i, j], correct[i, j], formatted[i, j] = v.reward, v.correct, v.formatted
         t_rew += time.perf_counter() - t0
         tokens += gen.num_tokens

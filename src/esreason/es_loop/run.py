@@ -111,23 +111,45 @@ def reference_placement(cfg: RunConfig) -> tuple[str, str | None]:
 
 
 def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress: bool = True,
-           resume_from: int | None = None) -> TrainResult:
+           resume_from: int | None = None, task: Any = None, model: Any = None, tokenizer: Any = None) -> TrainResult:
     """Train with ES according to ``cfg`` into run directory ``output``.
 
     ``resume``: continue from the newest intact checkpoint (damaged newer ones are named in a
     warning, docs/faults.md); ``resume_from``: from ``checkpoints/step_{resume_from}`` (implies resume).
     The run directory's lock (:mod:`esreason.io.lock`) is held from before the first check to the end.
+
+    The Python API (:class:`esreason.api.ESTrainer`) passes what a config cannot name: ``task`` (a
+    :class:`esreason.tasks.Task` built from the user's dataset and reward functions, used instead of
+    the registry's ``cfg.task``), and ``model`` / ``tokenizer`` (an in-memory model, used instead of
+    loading ``cfg.model`` when the run starts from step 0).
     """
     from esreason.io.lock import directory_lock
 
     with directory_lock(output, what="run directory"):
-        return _run_es(cfg, Path(output), resume=resume, progress=progress, resume_from=resume_from)
+        return _run_es(cfg, Path(output), resume=resume, progress=progress, resume_from=resume_from,
+                       task=task, model=model, tokenizer=tokenizer)
 
 
-def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resume_from: int | None) -> TrainResult:
+def _load_start(cfg: RunConfig, start_model: str, device: str, model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """(model, tokenizer) the run starts from: ``model`` when given (cast to the run's dtype and
+    device), else ``start_model`` (the config's model or the checkpoint resumed from) loaded."""
+    from esreason.backends.hf import load_model
+
+    if model is None or start_model != cfg.model:
+        loaded, tok = load_model(start_model, cfg.dtype, device)
+        return loaded, tokenizer or tok
+    import torch
+
+    if tokenizer is None:
+        raise UserError("an in-memory model needs its tokenizer (processing_class)")
+    return model.to(device=device, dtype=getattr(torch, cfg.dtype)).eval(), tokenizer
+
+
+def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resume_from: int | None,
+            task: Any = None, model: Any = None, tokenizer: Any = None) -> TrainResult:
     """:func:`run_es` under the run directory's lock."""
-    from esreason import tasks, verifiers
-    from esreason.backends.hf import HFPolicy, load_model, resolve_model_path
+    from esreason import tasks
+    from esreason.backends.hf import HFPolicy, resolve_model_path
     from esreason.backends.sampling import Sampler
     from esreason.io import MetricsLogger, RunDir, build_manifest, clean_stale_tmp, write_manifest
     from esreason.io.atomic import atomic_write_text
@@ -154,10 +176,13 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
             start_model = str(ckpt)
 
     # Task data first: a bad dataset fails before the model is loaded.
-    task = tasks.get(cfg.task)
+    if cfg.tasks_dir:
+        tasks.add_tasks_dir(cfg.tasks_dir)
+    task = task if task is not None else tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
     device, noise_device = reference_placement(cfg)
-    model, tokenizer = load_model(start_model, cfg.dtype, device)
+    in_memory = model is not None and start_model == cfg.model
+    model, tokenizer = _load_start(cfg, start_model, device, model, tokenizer)
     policy = HFPolicy(model, tokenizer, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
                       # a host-resident reference never perturbs: a direction cache would only hold GPU memory
                       direction_cache_mb=cfg.es.direction_cache_mb if noise_device is None else 0,
@@ -165,17 +190,21 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     if start_step:
         policy.load_masters(start_model)
     prompts = tasks.RenderedPrompts(tokenizer, problems)  # rendered as the schedule draws them
-    scorer = verifiers.get(task.verifier, format_reward=cfg.es.format_reward)
+    scorer = task.scorer(cfg.es.format_reward, tokenizer)
     generator = Sampler(model, tokenizer, batch_size=cfg.generation.batch_size)
 
     out.mkdir(parents=True, exist_ok=True)
     if check.rewrite_config:
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
     if check.rewrite_manifest:
-        resolved = resolve_model_path(cfg.model)
-        model_dir = resolved if Path(resolved).is_dir() else None  # hub ids are not hashed
+        resolved = None if in_memory else resolve_model_path(cfg.model)
+        model_dir = resolved if resolved and Path(resolved).is_dir() else None  # hub ids are not hashed
         manifest = build_manifest(to_dict(cfg), seeds={"train.seed": cfg.train.seed}, model_dir=model_dir,
-                                  datasets={cfg.task: f"{len(problems)} problems, split {cfg.train.split}"})
+                                  datasets={task.name: f"{len(problems)} problems, split {cfg.train.split}"})
+        if in_memory:  # the weights the run started from, hashed as loaded
+            from esreason.io.hashing import hash_state_dict
+
+            manifest["model"]["sha256_state_dict"] = hash_state_dict(model.state_dict())
         write_manifest(out, manifest)
     record_extension(out, cfg, check, start_step)
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.

@@ -40,8 +40,13 @@ def metric_names(ks: Sequence[int], samples: int, greedy: bool) -> list[str]:
 
 
 def problem_metrics(record: ProblemRecord, ks: Sequence[int],
-                    equivalent: Callable[[str, str], bool] | None = None) -> dict[str, float | None]:
-    """All metrics of one problem (keys as in :func:`metric_names`, plus ``correct`` = c)."""
+                    equivalent: Callable[[str, str], bool] | None = None,
+                    votes: bool = True) -> dict[str, float | None]:
+    """All metrics of one problem (keys as in :func:`metric_names`, plus ``correct`` = c).
+
+    votes: False for a task whose samples carry no answer (reward functions without an
+    ``answer_fn``): its Maj@K values are None (left out), not 0.
+    """
     samples = record.samples
     m = len(samples)
     correct = [s.correct for s in samples]
@@ -54,9 +59,9 @@ def problem_metrics(record: ProblemRecord, ks: Sequence[int],
     for k in ks:
         if k > 1:
             winner = majority_winner(ids[:k])
-            out[f"maj@{k}"] = float(winner is not None and ok[winner])
+            out[f"maj@{k}"] = float(winner is not None and ok[winner]) if votes else None
         if 1 < k < m:
-            out[f"maj@{k}_expected"] = float(expected_majority(ids, ok, k))
+            out[f"maj@{k}_expected"] = float(expected_majority(ids, ok, k)) if votes else None
     if record.greedy is not None:
         out["greedy_acc"] = float(record.greedy.correct)
     entropies = [s.entropy_sum for s in samples]
@@ -69,7 +74,7 @@ def problem_metrics(record: ProblemRecord, ks: Sequence[int],
 
 def task_table(records: Sequence[ProblemRecord], ks: Sequence[int],
                equivalent: Callable[[str, str], bool] | None = None,
-               workers: int = 1) -> list[dict[str, float | None]]:
+               workers: int = 1, votes: bool = True) -> list[dict[str, float | None]]:
     """problem_metrics of every record, in order.
 
     workers: threads over problems; worth it only when ``equivalent`` waits on other
@@ -77,8 +82,8 @@ def task_table(records: Sequence[ProblemRecord], ks: Sequence[int],
     """
     if workers > 1 and equivalent is not None and len(records) > 1:
         with ThreadPoolExecutor(max_workers=min(workers, len(records)), thread_name_prefix="esreason-vote") as ex:
-            return list(ex.map(lambda r: problem_metrics(r, ks, equivalent), records))
-    return [problem_metrics(r, ks, equivalent) for r in records]
+            return list(ex.map(lambda r: problem_metrics(r, ks, equivalent, votes), records))
+    return [problem_metrics(r, ks, equivalent, votes) for r in records]
 
 
 def summarize(tables: Mapping[str, Sequence[Mapping[str, float | None]]], names: Sequence[str],

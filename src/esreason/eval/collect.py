@@ -2,7 +2,7 @@
 
 Problems are processed task by task in *calls* of ``problems_per_call`` problems. One
 call renders each problem's chat messages with the tokenizer's template
-(:func:`esreason.tasks.render_prompt`), repeats every prompt M times (problem-major:
+(:func:`esreason.tasks.problem_prompt`), repeats every prompt M times (problem-major:
 rows ``i*M .. i*M+M-1`` are problem i), and makes one ``generate`` over the P x M rows,
 plus one greedy ``generate`` over the P prompts when the protocol asks for it (paper,
 appendix "Evaluation Configuration": 32 samples at temperature 0.6, and for the Easy
@@ -25,7 +25,7 @@ from esreason.backends.base import Generation, Generator, SamplingParams
 from esreason.eval.answers import vote_key
 from esreason.eval.records import ProblemRecord, Protocol, SampleRecord, problem_fingerprint
 from esreason.eval.verify import score_batch
-from esreason.tasks.base import Problem, Task, render_prompt
+from esreason.tasks.base import Problem, Task, problem_prompt
 from esreason.verifiers.base import Verdict
 
 #: Rows (problem x sample prompts) per generate call when nothing else is said: one
@@ -100,7 +100,7 @@ def run_chunk(generator: Generator, tokenizer: Any, chunk: Chunk, task: Task, pr
               timings: Timings | None = None) -> list[ProblemRecord]:
     """Generate and verify every response of one call; one record per problem, in order."""
     m = protocol.samples
-    prompts = [render_prompt(tokenizer, p.messages) for p in chunk.problems]
+    prompts = [problem_prompt(tokenizer, p) for p in chunk.problems]
     rows = [prompt for prompt in prompts for _ in range(m)]  # problem-major, [P*M]
     stats = Timings(calls=1)
     t0 = time.perf_counter()
@@ -160,16 +160,20 @@ def problem_record(problem: Problem, task: Task, texts: Sequence[str], num_token
 
 @dataclass
 class TaskScorers:
-    """Task objects and their scorers, built once per evaluation."""
+    """Task objects and their scorers, built once per evaluation.
+
+    tokenizer: gives reward-function tasks their ``completion_ids`` (None: empty id lists).
+    """
 
     tasks: dict[str, Task] = field(default_factory=dict)
     scorers: dict[str, Callable[[str, Any], Verdict]] = field(default_factory=dict)
+    tokenizer: Any = None
 
     def get(self, name: str) -> tuple[Task, Callable[[str, Any], Verdict]]:
         if name not in self.tasks:
-            from esreason import tasks, verifiers
+            from esreason import tasks
 
             task = tasks.get(name)
             self.tasks[name] = task
-            self.scorers[name] = verifiers.get(task.verifier)
+            self.scorers[name] = task.scorer(tokenizer=self.tokenizer)
         return self.tasks[name], self.scorers[name]

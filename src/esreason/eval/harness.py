@@ -352,7 +352,7 @@ def _evaluate(generator: Generator, tokenizer: Any, model_info: dict[str, Any], 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(out_dir, manifest)
 
-    scorers = TaskScorers()
+    scorers = TaskScorers(tokenizer=tokenizer)
     per_call = problems_per_call(samples, rows)
     tables: dict[str, list[dict[str, float | None]]] = {}
     timings: dict[str, Any] = {}
@@ -392,7 +392,7 @@ def _evaluate(generator: Generator, tokenizer: Any, model_info: dict[str, Any], 
         responses, stats, done = answered[name]
         t0 = time.perf_counter()
         records = [responses.record(p.id) for p in items]
-        tables[name] = task_table(records, ks, equivalence(task), default_workers(task.verifier))
+        tables[name] = task_table(records, ks, equivalence(task), default_workers(task.verifier), task.votes)
         write_problem_table(out_dir / name, [p.id for p in items], tables[name])
         timings[name] = {**stats.as_dict(), "aggregate_s": round(time.perf_counter() - t0, 4),
                          "problems_resumed": done}

@@ -39,7 +39,7 @@ def evaluate_problems(generator: Generator, tokenizer: Any, problems: Sequence[P
     protocol = Protocol(samples=samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                         greedy=greedy, seed=seed)
     ks = check_ks(ks, samples)
-    scorers = TaskScorers()
+    scorers = TaskScorers(tokenizer=tokenizer)
     timings = Timings()
     records: dict[str, list[ProblemRecord]] = {}
     chunks = plan_chunks(problems, problems_per_call(samples, rows_per_call))
@@ -52,7 +52,8 @@ def evaluate_problems(generator: Generator, tokenizer: Any, problems: Sequence[P
             bar.update(len(chunk.problems))
     t0 = time.perf_counter()
     names = metric_names(ks, samples, greedy)
-    tables = {t: task_table(recs, ks, equivalence(scorers.tasks[t]), default_workers(scorers.tasks[t].verifier))
+    tables = {t: task_table(recs, ks, equivalence(scorers.tasks[t]), default_workers(scorers.tasks[t].verifier),
+                         scorers.tasks[t].votes)
               for t, recs in records.items()}
     estimates = summarize(tables, names, Bootstrap(ci_resamples, seed=seed) if ci_resamples > 0 else None)
     aggregate_s = time.perf_counter() - t0

@@ -87,7 +87,8 @@ def check_ks(ks: Sequence[int] | None, samples: int) -> tuple[int, ...]:
 
 def problem_fingerprint(problem: Problem) -> str:
     """Short hash of a problem's messages and gold: a resumed run refuses changed problems."""
-    payload = json.dumps([list(problem.messages), problem.gold], sort_keys=True, default=str)
+    payload = json.dumps([list(problem.messages), problem.gold] + ([problem.text] if problem.text is not None else []),
+                         sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

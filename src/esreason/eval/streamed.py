@@ -26,7 +26,7 @@ from esreason.eval.collect import Timings, TaskScorers, call_seed, plan_chunks, 
 from esreason.eval.records import Protocol, problem_fingerprint
 from esreason.eval.results import ResponsesFile
 from esreason.eval.verify import default_workers, score_batch
-from esreason.tasks.base import Problem, render_prompt
+from esreason.tasks.base import Problem, problem_prompt
 
 
 def stream_jobs(tokenizer: Any, name: str, items: Sequence[Problem], responses: ResponsesFile, protocol: Protocol,
@@ -43,7 +43,7 @@ def stream_jobs(tokenizer: Any, name: str, items: Sequence[Problem], responses: 
         for i, problem in enumerate(chunk.problems):
             if responses.is_complete(problem.id):
                 continue
-            jobs.append(StreamJob((name, problem, chunk.index), render_prompt(tokenizer, problem.messages),
+            jobs.append(StreamJob((name, problem, chunk.index), problem_prompt(tokenizer, problem),
                                   seeds[i * m:(i + 1) * m], None if greedy is None else greedy[i]))
     return jobs
 

@@ -16,14 +16,15 @@ from typing import Any, Callable, Sequence
 
 from esreason.verifiers.base import Verdict
 
-#: Verifier families whose calls wait on other processes (worth a thread pool).
-PARALLEL_FAMILIES = frozenset({"math", "mbpp"})
 MAX_WORKERS = 16
 
 
 def default_workers(verifier: str) -> int:
-    """Threads used to score responses of verifier family ``verifier``."""
-    if verifier not in PARALLEL_FAMILIES:
+    """Threads used to score responses of verifier ``verifier`` (registered with ``parallel=True``:
+    its calls wait on other processes, worth a thread pool)."""
+    from esreason import verifiers
+
+    if not verifiers.is_parallel(verifier):
         return 1
     return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
 
@@ -44,7 +45,11 @@ def score_batch(scorer: Callable[[str, Any], Verdict], texts: Sequence[str], gol
         if (g, t) not in first:
             first[(g, t)] = len(unique)
             unique.append(i)
-    if workers > 1 and len(unique) > 1:
+    if hasattr(scorer, "score_batch"):  # reward functions: one call over every unique response
+        from esreason.verifiers.batch import score_texts
+
+        verdicts = score_texts(scorer, [texts[i] for i in unique], [golds[i] for i in unique])
+    elif workers > 1 and len(unique) > 1:
         with ThreadPoolExecutor(max_workers=min(workers, len(unique)), thread_name_prefix="esreason-verify") as ex:
             verdicts = list(ex.map(lambda i: scorer(texts[i], golds[i]), unique))
     else:

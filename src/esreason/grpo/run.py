@@ -242,7 +242,7 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
 def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
               resume_from: int | None) -> GRPOResult:
     """:func:`run_grpo` under the run directory's lock (main process)."""
-    from esreason import tasks, verifiers
+    from esreason import tasks
     from esreason.backends.hf import load_model
     from esreason.backends.sampling import Sampler
     from esreason.es_loop.run import make_heldout
@@ -273,7 +273,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     if cfg.train.stream_start is not None:  # a composition stage: its prompts in stream order, unshuffled
         problems = stream_problems(cfg, problems)
     plan = plan_batches(cfg, len(problems), procs.num_processes)
-    scorer = verifiers.get(task.verifier, format_reward=cfg.grpo.format_reward)
+    scorer = task.scorer(cfg.grpo.format_reward)
     trl_kwargs = trl_args_for_run(cfg, plan, out / cb.TRL_DIR, problems)  # vLLM's context: the longest prompt
     # Under a launcher this sets up the process group (TrainingArguments -> accelerate.PartialState).
     grpo_args = make_grpo_config(trl_kwargs)

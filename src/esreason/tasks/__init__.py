@@ -1,6 +1,6 @@
 """Tasks: loaders, prompt rendering and verifiers by name (see :mod:`esreason.tasks.registry`)."""
 
-from esreason.tasks.base import Problem, RenderedPrompts, Task, render_prompt
+from esreason.tasks.base import Problem, RenderedPrompts, Task, problem_prompt, render_prompt
 from esreason.tasks.registry import SUITES, get, names, register, resolve, suite
 
-__all__ = ["Problem", "RenderedPrompts", "SUITES", "Task", "get", "names", "register", "render_prompt", "resolve", "suite"]
+__all__ = ["Problem", "RenderedPrompts", "SUITES", "Task", "get", "names", "problem_prompt", "register", "render_prompt", "resolve", "suite"]

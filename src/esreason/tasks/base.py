@@ -19,9 +19,12 @@ class Problem:
 
     task: registry name of the task the problem belongs to.
     id: stable identifier, unique within the task (used to resume evaluations).
-    messages: chat messages, each {"role": ..., "content": ...}.
+    messages: chat messages, each {"role": ..., "content": ...}, rendered with the model's chat
+        template (TRL's "conversational" prompt).
     gold: the verifier's gold object (format set by the task's verifier).
     meta: anything else worth keeping (source row, shuffled choice order, ...).
+    text: a prompt given as plain text (TRL's "standard" prompt): the model reads it as it is, no
+        chat template; ``messages`` is then empty.
     """
 
     task: str
@@ -29,6 +32,7 @@ class Problem:
     messages: tuple[dict[str, str], ...]
     gold: Any
     meta: dict[str, Any] = field(default_factory=dict)
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,11 @@ class Task:
     equivalent: optional ``equivalent(a, b) -> bool`` used to group answers for
         voting when keys are not enough (math-verify equivalence).
     description: one line for ``--help`` and reports.
+    scorer_factory: optional ``scorer_factory(format_reward, tokenizer) -> scorer``; when set it
+        replaces the registered verifier (a task defined by reward functions builds its scorer here;
+        the tokenizer, possibly None, gives reward functions their ``completion_ids``).
+    votes: samples carry an answer Maj@K can vote on; False leaves Maj@K out of the task's metrics
+        (reward functions without an ``answer_fn``).
     """
 
     name: str
@@ -55,6 +64,18 @@ class Task:
     vote_key: Callable[[str | None], Hashable | None] = lambda a: a
     equivalent: Callable[[str, str], bool] | None = None
     description: str = ""
+    scorer_factory: Callable[[float, Any], Any] | None = None
+    votes: bool = True
+
+    def scorer(self, format_reward: float = 0.1, tokenizer: Any = None) -> Any:
+        """The scorer of this task's responses: ``scorer(text, gold) -> Verdict`` (reward functions
+        also score a list at once, ``score_batch``). ``format_reward`` sets the built-in verifiers'
+        reward levels; a task of reward functions has its own."""
+        if self.scorer_factory is not None:
+            return self.scorer_factory(format_reward, tokenizer)
+        from esreason import verifiers
+
+        return verifiers.get(self.verifier, format_reward=format_reward)
 
     def load(self, split: str = "test", data_path: str | Path | None = None,
              limit: int | None = None) -> list[Problem]:
@@ -74,6 +95,14 @@ def render_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
     return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
 
 
+def problem_prompt(tokenizer: Any, problem: Problem) -> str:
+    """The model's input text for ``problem``: its plain-text prompt as given, else its chat messages
+    rendered with the tokenizer's chat template (TRL's rule for standard and conversational prompts)."""
+    if problem.text is not None:
+        return problem.text
+    return render_prompt(tokenizer, problem.messages)
+
+
 class RenderedPrompts(Sequence[str]):
     """The rendered prompts of ``problems``, each rendered on first use and kept.
 
@@ -81,7 +110,7 @@ class RenderedPrompts(Sequence[str]):
     the mini-batches it draws (at most ``batch_size * steps`` problems: 480 for the 30-update configs/demo/es.yaml),
     so rendering every prompt up front cost a chat-template call per problem before the first update
     (0.65 s per run on the demo split, measured here). Item ``i`` is exactly
-    ``render_prompt(tokenizer, problems[i].messages)``.
+    ``problem_prompt(tokenizer, problems[i])``.
     """
 
     def __init__(self, tokenizer: Any, problems: Sequence[Problem]) -> None:
@@ -98,5 +127,5 @@ class RenderedPrompts(Sequence[str]):
         i = range(len(self))[i]  # negative indices; IndexError past the end
         text = self._cache.get(i)
         if text is None:
-            text = self._cache[i] = render_prompt(self._tokenizer, self._problems[i].messages)
+            text = self._cache[i] = problem_prompt(self._tokenizer, self._problems[i])
         return text

@@ -86,7 +86,7 @@ def run_lemma1(s: Lemma1Settings, progress: bool = True) -> dict[str, Any]:
     params = policy.params.params  # the ES-perturbed tensors, tied weights once
     sampler = Sampler(model, tok)
     eos = int(tok.eos_token_id)
-    prompts = [tasks.render_prompt(tok, p.messages) for p in problems]
+    prompts = [tasks.problem_prompt(tok, p) for p in problems]
     prompt_ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     x, n, m = len(prompts), s.population, s.samples
     pops = [draw_population(s.seed, r, n, "one_point") for r in range(s.repeats)]

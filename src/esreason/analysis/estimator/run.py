@@ -64,7 +64,7 @@ def supervised_batch(settings: EstimatorSettings, task: Any, problems: list[Any]
     thought and boxed answer), else ``\\boxed{gold}`` for math/choice tasks.
     """
     from esreason.analysis.estimator.objectives import SupervisedExample
-    from esreason.tasks import render_prompt
+    from esreason.tasks import problem_prompt
 
     if settings.supervised == "sst2":
         from esreason.analysis.estimator.sst2 import sst2_examples
@@ -82,7 +82,7 @@ def supervised_batch(settings: EstimatorSettings, task: Any, problems: list[Any]
                 raise UserError(f"task {task.name!r} has no gold completion text for the supervised control; "
                                 "use --supervised sst2")
             target = f"\\boxed{{{prob.gold}}}"
-        prompt = tokenizer(render_prompt(tokenizer, prob.messages), add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(problem_prompt(tokenizer, prob), add_special_tokens=False)["input_ids"]
         completion = tokenizer(target, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
         out.append(SupervisedExample(prompt_ids=tuple(prompt), candidates=(tuple(completion),)))
     return out
@@ -134,13 +134,13 @@ def _evaluate_here(ctx: _Context, reward_seeds: dict[str, int], *, deterministic
 
 def _build_context(settings: EstimatorSettings, model: Any, tokenizer: Any, facts: dict[str, Any]) -> _Context:
     """Load the task, render prompts, sample the fixed rollouts at the centre, tokenise the fixed batch."""
-    from esreason import tasks, verifiers
+    from esreason import tasks
     from esreason.analysis.estimator import objectives as obj
     from esreason.backends.sampling import Sampler
-    from esreason.tasks import render_prompt
+    from esreason.tasks import problem_prompt
 
     task = tasks.get(settings.task)
-    scorer = verifiers.get(task.verifier, format_reward=settings.format_reward)
+    scorer = task.scorer(settings.format_reward)
     wants = set(settings.objectives)
     n_reward = settings.reward_prompts if "reward" in wants else 0
     n_fixed = settings.rollout_prompts if wants & set(obj.FIXED_OBJECTIVES) else 0
@@ -149,7 +149,7 @@ def _build_context(settings: EstimatorSettings, model: Any, tokenizer: Any, fact
     if len(problems) < max(n_reward, n_fixed):
         raise UserError(f"task {settings.task!r} split {settings.split!r} has {len(problems)} problems; "
                         f"the grid needs {max(n_reward, n_fixed)} (--reward-prompts / --rollout-prompts)")
-    prompts = [render_prompt(tokenizer, p.messages) for p in problems]
+    prompts = [problem_prompt(tokenizer, p) for p in problems]
     golds = [p.gold for p in problems]
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     sampler = Sampler(model, tokenizer, batch_size=settings.batch_size)
