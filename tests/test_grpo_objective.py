@@ -39,11 +39,21 @@ def test_group_relative_without_standardisation_is_centred_reward():
     assert group_advantages(r, 4, standardize=False).tolist() == pytest.approx([0.7, -0.3, -0.2, -0.2])
 
 
-def test_group_advantage_rejects_bad_shapes_and_nan():
+def test_group_advantage_rejects_bad_shapes_and_inf():
     with pytest.raises(ValueError, match="group_size=3"):
         group_advantages(torch.zeros(4), 3)
     with pytest.raises(ValueError, match="finite"):
-        group_advantages(torch.tensor([1.0, float("nan")]), 2)
+        group_advantages(torch.tensor([1.0, float("inf")]), 2)
+
+
+def test_unscorable_responses_are_left_out_of_their_group_as_trl_leaves_them():
+    """NaN = every reward function returned None: out of the group's mean and std, advantage 0."""
+    nan = float("nan")
+    adv = group_advantages(torch.tensor([1.0, 0.0, nan, 0.5, 2.0, nan, nan, nan]), 4)
+    scored = group_advantages(torch.tensor([1.0, 0.0, 0.5]), 3)  # the same group without its NaN
+    assert torch.equal(adv[[0, 1, 3]], scored)
+    assert adv[2] == 0 and torch.equal(adv[4:], torch.zeros(4, dtype=torch.float64))  # one scored / none scored
+    assert torch.isfinite(adv).all()
 
 
 def test_reference_loss_is_per_response_mean_then_mean():

@@ -33,22 +33,28 @@ import torch
 def group_advantages(rewards: torch.Tensor, group_size: int, *, standardize: bool = True) -> torch.Tensor:
     """Group-relative advantages (paper Eq. grpo-group-advantage), float64.
 
-    rewards: [B * G] with the G responses of each prompt contiguous (TRL's layout).
+    rewards: [B * G] with the G responses of each prompt contiguous (TRL's layout). A NaN reward is
+        an unscorable response (every reward function returned None, TRL's convention): it is left
+        out of its group's mean and std and gets advantage 0, as in TRL.
     standardize: divide by the population std (ddof 0); False gives r_i - mean only.
-    Returns [B * G]; groups with all-equal rewards get exactly 0.
+    Returns [B * G]; groups with all-equal (scored) rewards get exactly 0.
     """
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, "
                          f"got shape {tuple(rewards.shape)}")
-    if not torch.isfinite(rewards).all():
-        raise ValueError("rewards must be finite")
+    if torch.isinf(rewards).any():
+        raise ValueError("rewards must be finite (NaN marks an unscorable response)")
     r = rewards.detach().to(torch.float64).reshape(-1, group_size)  # [B, G]
-    constant = (r == r[:, :1]).all(dim=1, keepdim=True)  # [B, 1]: s_G = 0 exactly
-    centred = r - r.mean(dim=1, keepdim=True)  # [B, G]
+    scored = ~torch.isnan(r)  # [B, G]
+    count = scored.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]
+    filled = torch.where(scored, r, torch.zeros_like(r))  # [B, G]
+    first = torch.gather(filled, 1, scored.to(torch.int64).argmax(dim=1, keepdim=True))  # a scored reward per group
+    constant = (torch.where(scored, r, first) == first).all(dim=1, keepdim=True)  # [B, 1]: s_G = 0 exactly
+    centred = torch.where(scored, r - filled.sum(dim=1, keepdim=True) / count, torch.zeros_like(r))  # [B, G]
     if standardize:
-        std = centred.pow(2).mean(dim=1, keepdim=True).sqrt()  # [B, 1] population std, ddof 0
+        std = (centred.pow(2).sum(dim=1, keepdim=True) / count).sqrt()  # [B, 1] population std, ddof 0
         centred = centred / torch.where(constant, torch.ones_like(std), std)
-    return torch.where(constant, torch.zeros_like(centred), centred).reshape(-1)
+    return torch.where(constant | ~scored, torch.zeros_like(centred), centred).reshape(-1)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

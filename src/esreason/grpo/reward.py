@@ -60,4 +60,24 @@ class TaskReward:
         return [float(r) for r in rewards]
 
 
-__all__ = ["PROBLEM_COLUMN", "TaskReward"]
+def trl_rewards(problems: Sequence[Problem], tokenizer: Any, scorer: Any) -> tuple[list[Any], list[float], list[dict[str, Any]]]:
+    """(reward functions, their weights, dataset rows) to hand TRL for ``problems`` scored by ``scorer``.
+
+    A task of TRL-style reward functions (:class:`esreason.verifiers.reward_functions.RewardFunctions`)
+    gives TRL the user's functions themselves, with their weights, and rows holding the prompt (text or
+    messages) and every column of the user's data, so TRL calls them exactly as it would without us.
+    Any other task gets one :class:`TaskReward` over its verifier, and rows that index the problems.
+    """
+    from esreason.verifiers.reward_functions import RewardFunctions
+
+    def prompt(p: Problem) -> Any:
+        return p.text if p.text is not None else [dict(m) for m in p.messages]
+
+    if isinstance(scorer, RewardFunctions):
+        rows = [{"prompt": prompt(p), **dict(p.gold.columns)} for p in problems]
+        return list(scorer.funcs), [float(w) for w in scorer.weights], rows
+    rows = [{"prompt": prompt(p), PROBLEM_COLUMN: i} for i, p in enumerate(problems)]
+    return [TaskReward(problems, tokenizer, scorer)], [1.0], rows
+
+
+__all__ = ["PROBLEM_COLUMN", "TaskReward", "trl_rewards"]

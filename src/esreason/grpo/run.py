@@ -127,12 +127,9 @@ def _vllm_cpu_build() -> bool:
     return True
 
 
-def _build_dataset(problems: list[Any]) -> Any:
+def _build_dataset(rows: list[dict[str, Any]]) -> Any:
     from datasets import Dataset
 
-    from esreason.grpo.reward import PROBLEM_COLUMN
-
-    rows = [{"prompt": [dict(m) for m in p.messages], PROBLEM_COLUMN: i} for i, p in enumerate(problems)]
     return Dataset.from_list(rows)
 
 
@@ -248,7 +245,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     from esreason.es_loop.run import make_heldout
     from esreason.grpo import callbacks as cb
     from esreason.grpo.plan import plan_batches
-    from esreason.grpo.reward import TaskReward
+    from esreason.grpo.reward import trl_rewards
     from esreason.grpo.rollouts import SamplerRollouts, uses_sampler
     from esreason.grpo.trainer import PaperGRPOTrainer, check_trl_version, make_grpo_config, trl_args_for_run
     from esreason.io import MetricsLogger, RunDir, atomic_directory, progress_bar
@@ -268,6 +265,8 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     point, check = _check_run_dir(out, cfg, resume, resume_from)
 
     # Task data first: a bad dataset fails before the model is loaded.
+    if cfg.tasks_dir:
+        tasks.add_tasks_dir(cfg.tasks_dir)
     task = tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
     if cfg.train.stream_start is not None:  # a composition stage: its prompts in stream order, unshuffled
@@ -275,6 +274,11 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     plan = plan_batches(cfg, len(problems), procs.num_processes)
     scorer = task.scorer(cfg.grpo.format_reward)
     trl_kwargs = trl_args_for_run(cfg, plan, out / cb.TRL_DIR, problems)  # vLLM's context: the longest prompt
+    from esreason.verifiers.reward_functions import RewardFunctions
+
+    pass_threshold = scorer.pass_threshold if isinstance(scorer, RewardFunctions) else None
+    if pass_threshold is not None:  # a task of reward functions: TRL combines them with their weights
+        trl_kwargs["reward_weights"] = [float(w) for w in scorer.weights]
     # Under a launcher this sets up the process group (TrainingArguments -> accelerate.PartialState).
     grpo_args = make_grpo_config(trl_kwargs)
     if grpo_args.world_size != procs.num_processes or grpo_args.generation_batch_size != plan.sequences_per_update:
@@ -338,11 +342,13 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         rollout_func = None
         if uses_sampler(cfg.grpo.rollouts, use_vllm=cfg.grpo.use_vllm, device=cfg.device):
             rollout_func = SamplerRollouts(cfg.train.seed, batch_size=plan.sequences_per_update)
+        reward_funcs, _, rows = trl_rewards(problems, tokenizer, scorer)  # weights: trl_kwargs["reward_weights"]
         with known_library_noise():  # TRL's "experimental feature" warning for a rollout_func
             trainer = PaperGRPOTrainer(
-                model=model, reward_funcs=TaskReward(problems, tokenizer, scorer), args=grpo_args,
-                train_dataset=_build_dataset(problems), processing_class=tokenizer, callbacks=callbacks,
-                standardize_advantages=cfg.grpo.standardize_advantages, rollout_func=rollout_func)
+                model=model, reward_funcs=reward_funcs, args=grpo_args,
+                train_dataset=_build_dataset(rows), processing_class=tokenizer, callbacks=callbacks,
+                standardize_advantages=cfg.grpo.standardize_advantages, rollout_func=rollout_func,
+                pass_threshold=pass_threshold)
         _remove_console_callbacks(trainer)
         if logger is not run_log:  # W&B: the completions table from TRL's last rollouts
             from esreason.grpo.wandb_table import grpo_completions

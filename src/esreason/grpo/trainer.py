@@ -79,10 +79,15 @@ class PaperGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with the paper's advantages (ddof 0) and an epoch-seeded data order.
 
     standardize_advantages: grpo.standardize_advantages (False: r - mean only).
+    pass_threshold: set for a task of the user's own reward functions (TRL calls them directly): the
+        trainer then logs ``reward/mean``, ``accuracy/mean`` (reward >= pass_threshold) and ``format/mean``
+        (reward > 0) from the combined rewards, the keys our task reward logs for verifier tasks.
     """
 
-    def __init__(self, *args: Any, standardize_advantages: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, standardize_advantages: bool = True, pass_threshold: float | None = None,
+                 **kwargs: Any) -> None:
         self.standardize_advantages = standardize_advantages
+        self.pass_threshold = pass_threshold
         self._last_rewards_per_func: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
         self.vllm_cpu_layers = self._keep_cpu_engine_loadable()
@@ -127,10 +132,16 @@ class PaperGRPOTrainer(GRPOTrainer):
         if rewards_per_func is None:
             raise RuntimeError("TRL did not compute rewards before the advantages")
         weights = self.reward_weights.to(rewards_per_func.device)
-        rewards = (rewards_per_func * weights.unsqueeze(0)).sum(dim=1)  # [N_global]
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # [N_global]; a None is skipped (TRL)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable: out of its group (TRL)
         advantages = group_advantages(rewards, group, standardize=self.standardize_advantages)  # [N_global] f64
         # Population std of the whole rollout batch; a reward function sees only its process's share.
-        self._metrics[mode]["reward/std"].append(float(rewards.double().std(unbiased=False)))
+        scored = rewards[~torch.isnan(rewards)].double()
+        self._metrics[mode]["reward/std"].append(float(scored.std(unbiased=False)) if scored.numel() else 0.0)
+        if self.pass_threshold is not None and scored.numel():
+            self._metrics[mode]["reward/mean"].append(float(scored.mean()))
+            self._metrics[mode]["accuracy/mean"].append(float((scored >= self.pass_threshold).double().mean()))
+            self._metrics[mode]["format/mean"].append(float((scored > 0).double().mean()))
         n_local = output["advantages"].size(0)
         start = self.accelerator.process_index * n_local
         local = advantages[start:start + n_local]
@@ -276,8 +287,12 @@ def longest_prompt_tokens(tokenizer: Any, problems: Any, batch: int = 512) -> in
     template with the generation prompt, ``apply_chat_template(tokenize=True)`` (grpo_trainer.py,
     ``_tokenize_prompts``). 0 for no problems."""
     longest = 0
-    for start in range(0, len(problems), batch):
-        chats = [[dict(m) for m in p.messages] for p in problems[start:start + batch]]
+    texts = [p.text for p in problems if p.text is not None]  # plain-text prompts: tokenised as they are
+    if texts:
+        longest = max(len(x) for x in tokenizer(texts)["input_ids"])
+    chat_problems = [p for p in problems if p.text is None]
+    for start in range(0, len(chat_problems), batch):
+        chats = [[dict(m) for m in p.messages] for p in chat_problems[start:start + batch]]
         ids = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True, return_dict=True)
         longest = max([longest, *(len(x) for x in ids["input_ids"])])
     return longest
