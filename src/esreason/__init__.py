@@ -7,7 +7,7 @@ Maj@K evaluation harness and analyses of what ES does to the weights.
 
 The Python API (imported on first use, so ``import esreason`` stays light)::
 
-    from esreason import ESConfig, ESTrainer, evaluate, register_task, Task, Problem
+    from esreason import ESConfig, ESTrainer, GRPOComparator, evaluate, register_task, Task, Problem
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ _API = {
     "ESConfig": "esreason.api.config",
     "ESTrainer": "esreason.api.trainer",
     "evaluate": "esreason.api.evaluate",
+    "GRPOComparator": "esreason.api.grpo",
     "Task": "esreason.tasks.base",
     "Problem": "esreason.tasks.base",
     "Verdict": "esreason.verifiers.base",

@@ -5,6 +5,7 @@
 
 from esreason.api.config import ESConfig
 from esreason.api.evaluate import evaluate
+from esreason.api.grpo import GRPOComparator
 from esreason.api.trainer import ESTrainer
 
-__all__ = ["ESConfig", "ESTrainer", "evaluate"]
+__all__ = ["ESConfig", "ESTrainer", "GRPOComparator", "evaluate"]

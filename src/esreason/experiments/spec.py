@@ -54,7 +54,7 @@ METHODS = ("base", "grpo", "es", "es_grpo", "grpo_es")
 LABELS = {"base": "Base", "grpo": "GRPO", "es": "ES", "es_grpo": "ES→GRPO", "grpo_es": "GRPO→ES"}
 TRAINED = {"grpo": ("grpo",), "es": ("es",), "es_grpo": ("es", "grpo"), "grpo_es": ("grpo", "es")}
 TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir",
-            "seeds", "plan")
+            "seeds", "plan", "tasks_dir")
 EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
              "limit", "batch_size", "seed", "ci_resamples", "backend", "engines",
              "engines_per_gpu")
@@ -324,6 +324,19 @@ def _stage_config(kind: str, mapping: dict[str, Any], model: str, task: str, upd
         raise ConfigError(f"configs.{kind}: {exc}") from None
 
 
+def _register_tasks_dir(value: Any, base_dir: Path | None) -> None:
+    """``tasks_dir``: task files (relative to the experiment file) registered before tasks are looked up,
+    so user tasks can be trained on and evaluated in- and held-out (docs/custom-tasks.md)."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"config key 'tasks_dir': expected a directory, got {value!r}")
+    from esreason.tasks.registry import add_tasks_dir
+
+    path = Path(value)
+    add_tasks_dir(path if path.is_absolute() or base_dir is None else base_dir / path)
+
+
 def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> ExperimentSpec:
     """Validate an experiment mapping completely (nothing is run)."""
     from esreason.experiments.sequence import split_budget
@@ -338,6 +351,7 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
     if not isinstance(name, str) or not name or "/" in name:
         raise ConfigError(f"config key 'name': expected a plain name, got {name!r}")
     _check_model(model, "model")
+    _register_tasks_dir(data.get("tasks_dir"), base_dir)
     _tasks([task], "task")
     methods = data["methods"]
     if not isinstance(methods, (list, tuple)) or not methods:
