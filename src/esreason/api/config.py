@@ -239,8 +239,8 @@ class ESConfig:
             raise ConfigError(_flat_message(str(exc))) from None
 
     @classmethod
-    def from_run_config(cls, cfg: RunConfig, **api: Any) -> "ESConfig":
-        """The flat view of a YAML run config (``api``: output_dir, reward_weights, pass_threshold)."""
+    def from_run_config(cls, cfg: RunConfig, **changes: Any) -> "ESConfig":
+        """The flat view of a YAML run config; ``changes``: flat fields set on top (output_dir, ...)."""
         nested = to_dict(cfg)
         values = {}
         for flat, key in FIELD_KEYS.items():
@@ -248,12 +248,13 @@ class ESConfig:
             for part in key.split("."):
                 node = node[part]
             values[flat] = tuple(node) if isinstance(node, list) else node
-        return cls(**values, **api)
+        return cls(**{**values, **changes})
 
     @classmethod
-    def from_yaml(cls, path: str | Path, overrides: Sequence[str] = (), **api: Any) -> "ESConfig":
-        """Read a YAML run config (``esreason train es --config``), with ``--set``-style overrides."""
-        return cls.from_run_config(load_config(path, overrides), **api)
+    def from_yaml(cls, path: str | Path, overrides: Sequence[str] = (), **changes: Any) -> "ESConfig":
+        """Read a YAML run config (``esreason train es --config``), with ``--set``-style overrides, then
+        set the flat fields ``changes``."""
+        return cls.from_run_config(load_config(path, overrides), **changes)
 
     def replace(self, **changes: Any) -> "ESConfig":
         """A copy with ``changes`` (flat field names)."""
