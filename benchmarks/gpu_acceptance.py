@@ -143,7 +143,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return out
 
     rec.section("setup", estimates["setup"], setup, preflight.missing(pre, "setup"))
-    plan_gpu = gpu.get("plan_gpu_type") or "h100"
+    # the plan's --gpu-type of the GPU found (its memory rows split the A100 in two); the H100 otherwise
+    plan_gpu = {"a100-40": "a100", "a100-80": "a100"}.get(gpu.get("plan_gpu_type"), gpu.get("plan_gpu_type")) or "h100"
     for name in (s for s in (TWIN_SECTIONS if args.tiny else SECTIONS) if s in args.sections):
         why = preflight.missing(pre, name) or (None if models else "needs setup, which did not finish")
         if name == "es_resume_embedded":
