@@ -125,7 +125,6 @@ def beside(measured: dict[str, float], terms: dict[str, float]) -> list[str]:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    on_gpu = args.device.startswith("cuda")
     shapes, estimates = SHAPES[args.tiny], ESTIMATES_S[args.tiny]
     budget = Budget(args.budget_s, script_t0())
     rec = Recorder(args.json, {"device": args.device, "tiny": args.tiny, "shapes": shapes}, budget)
@@ -145,29 +144,27 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rec.section("setup", estimates["setup"], setup, preflight.missing(pre, "setup"))
     # the plan's --gpu-type of the GPU found (its memory rows split the A100 in two); the H100 otherwise
     plan_gpu = {"a100-40": "a100", "a100-80": "a100"}.get(gpu.get("plan_gpu_type"), gpu.get("plan_gpu_type")) or "h100"
+
+    def plan_args() -> dict[str, Any]:
+        # the twin's embedded model (0.87M) is below the plan's throughput table: plan the GPU run's size
+        model = PLAN_MODEL if args.tiny else models["main"]
+        mapping = runs.grpo_mapping(runs.grpo_overrides(model, "cuda", shapes["grpo"]) + args.grpo_set)
+        return {"model": model, "updates": 2, "gpu": plan_gpu, "mapping": mapping}
+
+    steps = {
+        "es_resume_embedded": lambda: runs.es_resume(models["embedded"], work, args.device, shapes["es_embedded"], kids),
+        "es_resume": lambda: runs.es_resume(models["main"], work, args.device, shapes["es"], kids),
+        "grpo": lambda: runs.grpo(models["main"], work, args.device, shapes["grpo"], kids, args.grpo_set),
+        "grpo_plan": lambda: runs.local_section("grpo_plan", plan_args(), work, kids),
+        "eval": lambda: runs.evaluate(models["main"], work, args.device, shapes["eval"], kids),
+        "es_stage_release": lambda: runs.es_stage_release(models["embedded"], work, args.device, kids),
+        "sampler_vs_generate": lambda: runs.local_section("sampler_vs_generate", {
+            "tiny": args.tiny, "device": args.device, "shapes": shapes["generate"], "embedded": models["embedded"],
+            "repeats": 2}, work, kids),
+    }
     for name in (s for s in (TWIN_SECTIONS if args.tiny else SECTIONS) if s in args.sections):
         why = preflight.missing(pre, name) or (None if models else "needs setup, which did not finish")
-        if name == "es_resume_embedded":
-            fn = lambda: runs.es_resume(models["embedded"], work, args.device, shapes["es_embedded"], kids)  # noqa: E731
-        elif name == "es_resume":
-            fn = lambda: runs.es_resume(models["main"], work, args.device, shapes["es"], kids)  # noqa: E731
-        elif name == "grpo":
-            fn = lambda: runs.grpo(models["main"], work, args.device, shapes["grpo"], kids, args.grpo_set)  # noqa: E731
-        elif name == "grpo_plan":
-            # the twin's embedded model (0.87M) is below the plan's throughput table: plan the GPU run's size
-            plan_model = PLAN_MODEL if args.tiny else models.get("main", "")
-            mapping = runs.grpo_mapping(runs.grpo_overrides(plan_model, "cuda", shapes["grpo"]) + args.grpo_set)
-            fn = lambda: runs.local_section("grpo_plan", {"model": plan_model, "mapping": mapping, "updates": 2,  # noqa: E731
-                                                          "gpu": plan_gpu}, work, kids)
-        elif name == "eval":
-            fn = lambda: runs.evaluate(models["main"], work, args.device, shapes["eval"], kids)  # noqa: E731
-        elif name == "es_stage_release":
-            fn = lambda: runs.es_stage_release(models["embedded"], work, args.device, kids)  # noqa: E731
-        else:
-            fn = lambda: runs.local_section("sampler_vs_generate", {  # noqa: E731
-                "tiny": args.tiny, "device": args.device, "shapes": shapes["generate"],
-                "embedded": models["embedded"], "repeats": 2}, work, kids)
-        rec.section(name, estimates[name], fn, why)
+        rec.section(name, estimates[name], steps[name], why)
         done = rec.result.get("grpo", {})
         if name == "grpo_plan" and rec.result[name].get("ok") and done.get("phases_s"):
             measured = {k: sum(v) for k, v in done["phases_s"].items()}
