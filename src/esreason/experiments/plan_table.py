@@ -67,6 +67,13 @@ GPUS: dict[str, dict[str, Any]] = {
              "bf16_flops": 312e12, "nvlink_bytes_per_s": 3.0e11,
              "source": "datasheet: NVIDIA A100 Tensor Core GPU (SXM4 80GB): 2.04 TB/s, 312 TFLOP/s dense bf16, "
                        "NVLink 600 GB/s (300 GB/s per direction)"},
+    # memory_gib: torch's total_memory on an H200 (esreason.experiments.memplan.H200_TORCH_GIB, its source),
+    # the capacity the launcher decides with; written here as a number, checked equal in tests/test_gpu_h200.py
+    "h200": {"name": "NVIDIA H200 SXM 141GB", "memory_gib": 139.80, "hbm_bytes_per_s": 4.8e12,
+             "bf16_flops": 989e12, "nvlink_bytes_per_s": 4.5e11,
+             "source": "datasheet: NVIDIA H200 Tensor Core GPU (H200 SXM): 141 GB HBM3e, 4.8 TB/s, BF16 Tensor Core "
+                       "1,979 TFLOP/s with sparsity (989 dense, the H100's GH100 chip), NVLink 900 GB/s (450 GB/s per "
+                       "direction); memory_gib is what torch reports (139.80 GiB, memplan.H200_TORCH_GIB)"},
 }
 
 #: Model size classes: the largest parameter count of each, and the representative size the
@@ -85,6 +92,12 @@ HF_SOURCE = ("derived: the vllm value / 14 (vLLM's launch post: 14x-24x the thro
 HF_MEASURED_1_5B = {"hf": (1592.0, "esreason Sampler (cache auto)"), "hf_generate": (2681.0, "transformers generate")}
 A100_FACTOR = 0.5
 A100_SOURCE = "derived: the h100 value x 0.5 (Lambda Labs vllm-benchmark: H100 ~2x A100 throughput)"
+H200_SOURCE = ("derived: the h100 value x 1.0 (the H200 is the H100's GH100 chip with the same compute, clocks and "
+               "kernel launches; decode at 1.5B-8B and these batch sizes was launch- and host-bound on the H100 "
+               "(gen_cmp.txt), so the H200's 1.43x HBM bandwidth is not credited; the vllm64 roof uses its 4.8 TB/s)")
+#: Throughput per GPU type relative to the h100's table: (factor, source; None for the h100 itself).
+GPU_SCALE: dict[str, tuple[float, str | None]] = {"h100": (1.0, None), "a100": (A100_FACTOR, A100_SOURCE),
+                                                  "h200": (1.0, H200_SOURCE)}
 DECODE_EFFICIENCY = 0.5
 
 #: Representative parameter counts of the size classes (the paper's models).
@@ -94,7 +107,7 @@ CLASS_PARAMS = {"1.5b": 1.54e9, "3b": 3.21e9, "7b": 7.62e9}
 def _throughput_table() -> dict[tuple[str, str, str], Assumption]:
     table: dict[tuple[str, str, str], Assumption] = {}
     for gpu in GPUS:
-        scale = 1.0 if gpu == "h100" else A100_FACTOR
+        scale, scale_src = GPU_SCALE[gpu]
         for size, params in CLASS_PARAMS.items():
             ratio = 8.03e9 / params
             if size == "7b":
@@ -109,16 +122,16 @@ def _throughput_table() -> dict[tuple[str, str, str], Assumption]:
             v64 = min(vllm, roof)
             src64 = (f"derived: min(the vllm value, 64 x {DECODE_EFFICIENCY} x HBM / (2 bytes x {params / 1e9:.2f}B)) "
                      "(64 sequences, memory-bound on the bf16 weights; the decode model of benchmarks/noise.py)")
-            if gpu != "h100":
-                src = f"{A100_SOURCE}; h100: {src}"
+            if scale_src is not None:
+                src = f"{scale_src}; h100: {src}"
             base = f"throughput.{gpu}.{size}"
             table[(gpu, size, "vllm")] = Assumption(f"{base}.vllm", round(vllm), "tokens/s per GPU", src)
             table[(gpu, size, "vllm64")] = Assumption(f"{base}.vllm64", round(v64), "tokens/s per GPU", src64)
             for work, (measured, who) in HF_MEASURED_1_5B.items():
-                if size == "1.5b":  # launch-bound: the 1.5B figure measured on the H100 (A100: x 0.5)
+                if size == "1.5b":  # launch-bound: the 1.5B figure measured on the H100 (scaled per GPU_SCALE)
                     value = measured * scale
                     hf_src = (f"{MEASURED_H100}: {who}, greedy, 64 rows x 256 tokens, {measured:,.0f} tokens/s "
-                              f"({H100_RUN}gen_cmp.txt)" + ("" if gpu == "h100" else f"; {A100_SOURCE}"))
+                              f"({H100_RUN}gen_cmp.txt)" + ("" if scale_src is None else f"; {scale_src}"))
                 else:  # a larger model with as many layers launches as many kernels: no faster than 1.5B
                     value = min(vllm / HF_FACTOR, measured * scale)
                     hf_src = f"{HF_SOURCE}; at most the 1.5B measured rate (decode is launch-bound at these sizes)"

@@ -182,11 +182,10 @@ def train_method(method: str, config: Any, out: Path, progress: bool) -> tuple[i
     """Train one ES or GRPO run into ``out`` (resumed when it holds one); (updates done, final checkpoint)."""
     # any trace of a run (metrics.jsonl may be the damaged or deleted file) means: resume it
     resume = any((out / name).exists() for name in ("metrics.jsonl", "config.yaml", "checkpoints"))
-    if method == "es":
-        from esreason.es_loop.run import run_es
+    if method == "es":  # a child process on a GPU, so that the stage frees GPU 0 when it ends
+        from esreason.experiments.es_stage import train_es
 
-        result = run_es(config, out, resume=resume, progress=progress)
-        return result.steps, result.final_checkpoint
+        return train_es(config, out, resume=resume, progress=progress)
     from esreason.experiments.launch import train_grpo  # in-process, or one process per GPU (accelerate)
 
     return train_grpo(config, out, resume=resume, progress=progress)

@@ -155,6 +155,30 @@ class PaperGRPOTrainer(GRPOTrainer):
         return output
 
 
+#: TRL 1.16's colocated engine is built with ``max_num_batched_tokens=4096`` (trl/generation/
+#: vllm_generation.py, ``VLLMGeneration``: "Latest vLLM v1 memory profiler is misled by the high default
+#: value"). A longer context is covered: vLLM chunks prefills for generative models by default
+#: (vllm/engine/arg_utils.py ``_set_default_chunked_prefill_and_prefix_caching_args``: enable_chunked_prefill
+#: = model_config.is_chunked_prefill_supported, True for decoder-only models), and SchedulerConfig.
+#: verify_max_model_len refuses max_num_batched_tokens < max_model_len only without chunked prefill. What
+#: it does bound is the engine's max_num_seqs (TRL: per_device_train_batch_size x steps_per_generation,
+#: one process's rollout): vLLM refuses max_num_batched_tokens < max_num_seqs when the engine starts.
+TRL_VLLM_BATCHED_TOKENS = 4096
+
+
+def check_colocated_rollout(cfg: GRPORunConfig, plan: BatchPlan) -> None:
+    """UserError (one line) when one process's rollout exceeds what TRL's colocated engine may schedule."""
+    from esreason.errors import UserError
+
+    g = cfg.grpo
+    seqs = plan.sequences_per_micro_batch * plan.steps_per_generation
+    if g.use_vllm and g.vllm_mode == "colocate" and seqs > TRL_VLLM_BATCHED_TOKENS:
+        raise UserError(f"grpo: one process's rollout of {seqs} sequences (train.batch_size x grpo.num_generations "
+                        f"/ processes) exceeds the {TRL_VLLM_BATCHED_TOKENS} sequences TRL's colocated vLLM engine "
+                        "schedules per step (its max_num_batched_tokens; vLLM refuses to start); lower "
+                        "train.batch_size or grpo.num_generations, or run on more GPUs")
+
+
 def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path,
                    prompt_tokens: int | None = None) -> dict[str, Any]:
     """Keyword arguments for ``trl.GRPOConfig``: every setting that affects the run, explicit.
@@ -168,6 +192,7 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path,
     ``prepare_fsdp`` shards it (DDP: accelerate moves it to the process's GPU). TRL logs once that
     ``model_init_kwargs`` does not apply to the policy (we pass it loaded); it applies to the reference.
     """
+    check_colocated_rollout(cfg, plan)
     g, gen, ck = cfg.grpo, cfg.generation, cfg.checkpoint
     k = plan.optimizer_steps_per_update
     save_every = (ck.every if ck.every else plan.total_updates) * k
