@@ -82,6 +82,6 @@ def ray_local():
     ``engines_per_gpu`` placement tests share one of them between two engines)."""
     import ray
 
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()

@@ -5,8 +5,9 @@ long retries. Used by the engine pools (:mod:`esreason.backends.ray_pool`,
 
 from __future__ import annotations
 
+import os
 import socket
-from typing import Any
+from typing import Any, Mapping
 
 from esreason.errors import UserError
 
@@ -40,3 +41,16 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     except OSError as exc:
         raise UserError(f"config key 'backend.ray_address': cannot reach a Ray cluster at {address!r} "
                         f"({exc.strerror or exc}); start one with `ray start --head` or fix the address") from None
+
+
+def local_address(environ: Mapping[str, str] | None = None) -> str | None:
+    """The ``address`` for ``ray.init`` when esreason starts its own Ray instance.
+
+    'local': a new instance, never the cluster that happens to run on this machine. Ray's default
+    (``address=None``) joins the cluster last started by ``ray start`` (or ``ray.cluster_utils.Cluster``)
+    on this machine, found through ``/tmp/ray/ray_current_cluster``; that file outlives a cluster
+    killed without ``ray stop``, and ``ray.init`` then fails to connect to nothing. None when the
+    user set ``RAY_ADDRESS``: Ray connects there, as its documentation promises.
+    """
+    env = os.environ if environ is None else environ
+    return None if env.get("RAY_ADDRESS") else "local"
