@@ -59,6 +59,28 @@ def test_unreachable_address_through_the_config(demo_policy):
         build_evaluator(cfg, demo_policy, None, None)
 
 
+def test_a_token_protected_cluster_names_the_setting():
+    """Ray's ConnectionError hides why; the reason is chained below it (the chain seen with Ray 2.60
+    when a driver without RAY_AUTH_MODE=token joins a `ray start --head` cluster)."""
+    from esreason.backends.ray_connect import connect_error
+
+    try:
+        try:
+            raise RuntimeError("Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n"
+                               "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication "
+                               "token is missing or incorrect.")
+        except RuntimeError as inner:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from inner
+    except ConnectionError as exc:
+        err = connect_error("10.0.0.1:6379", exc)
+    assert "\n" not in str(err)
+    assert str(err).startswith("config key 'backend.ray_address': cannot connect to Ray at '10.0.0.1:6379': "
+                               "Failed to connect to Ray cluster at 10.0.0.1:6379; the cluster uses token")
+    assert "RAY_AUTH_MODE=token" in str(err)
+    plain = connect_error("10.0.0.1:6379", ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379"))
+    assert "RAY_AUTH_MODE" not in str(plain)
+
+
 def test_more_engines_than_resources(ray_local, demo_policy):
     with pytest.raises(UserError, match=r"3 hf engines need 3 CPU .* the Ray cluster has 2"):
         RayEnginePool("hf", HFEngineOptions(), policy_state(demo_policy), 3, reference=demo_policy)

@@ -2,9 +2,10 @@
 
 :class:`EngineHost` builds an engine (:mod:`esreason.backends.engine`: HF on CPU, vLLM on GPUs or
 vLLM's CPU build) from checkpoint files and forwards the pool's calls to it. The pool starts it as
-a Ray actor (``ray.remote(EngineHost)``); it also reports where it runs (host, Ray GPU ids) and at
-which CPU priority (``os.nice(0)``: :mod:`esreason.backends.ray_niceness`). Ray itself is imported
-only where an actor method needs it.
+a Ray actor (``ray.remote(EngineHost)``); it also reports where it runs (host, Ray node, Ray GPU
+ids) and at which CPU priority (``os.nice(0)``: :mod:`esreason.backends.ray_niceness`), and removes
+the start-state copies it wrote on a node other than the driver's when the pool closes. Ray itself
+is imported only where an actor method needs it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import socket
 from typing import Any, Sequence
 
 from esreason.backends.base import SamplingParams
-from esreason.backends.engine import Engine, HFEngine, MemberOutput, StartState, StateFiles
+from esreason.backends.engine import Engine, HFEngine, MemberOutput, StartState, StateDir, StateFiles
 from esreason.backends.engine_env import gpu_start_lock, local_state, pin_visible_gpu, ray_gpu_assignment
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ class EngineHost:
     """The body of one Ray actor: builds an engine and forwards the pool's calls to it."""
 
     def __init__(self, kind: str, options: Any, state: StartState) -> None:
-        state = local_state(state)
+        self.copies: set[str] = set()  # keys of start states this engine's node holds as its own copy
+        state = self._local(state)
         gpu_ids, held = ray_gpu_assignment()
         if kind == "vllm":
             pinned = pin_visible_gpu(os.environ, gpu_ids)
@@ -45,8 +47,30 @@ class EngineHost:
         with gpu_start_lock(gpu_ids, held):  # engines sharing a GPU start one after another
             self.engine = build_engine(kind, options, state)
 
-    def ready(self) -> str:
-        return socket.gethostname()
+    def _local(self, state: StartState) -> StartState:
+        """:func:`local_state`, remembering a copy written (or found) for this node."""
+        local = local_state(state)
+        if isinstance(state, StateDir) and isinstance(local, StateDir) and local.path != state.path:
+            self.copies.add(local.key)
+        return local
+
+    def where(self) -> dict[str, Any]:
+        """Where this engine runs: host, Ray node id, Ray GPU ids and CPU niceness (``os.nice(0)``)."""
+        import ray
+
+        return {"host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id(),
+                "gpu_ids": self.gpu_ids(), "niceness": self.niceness()}
+
+    def drop_state_copies(self) -> list[str]:
+        """Remove the start states this node holds as its own copies (the pool's close: the driver
+        removes its node's, each other node's engines theirs); returns their keys."""
+        from esreason.backends.engine import remove_shared_state
+
+        dropped = sorted(self.copies)
+        for key in dropped:
+            remove_shared_state(key)
+        self.copies.clear()
+        return dropped
 
     def niceness(self) -> int:
         """The CPU priority this actor's process runs at (``os.nice(0)``; 0 is normal priority)."""
@@ -89,4 +113,4 @@ class EngineHost:
         return self.engine.export_state()
 
     def load_state(self, state: StartState) -> None:
-        self.engine.load_state(local_state(state))
+        self.engine.load_state(self._local(state))

@@ -27,7 +27,7 @@ HF engines run on CPU (one CPU each); vLLM engines need one GPU each, or 1/K of 
 ``backend.engines_per_gpu`` = K (Ray's fractional GPUs: K engines on one device, each reserving 1/K
 of vLLM's memory share; :mod:`esreason.backends.engine_env`). Every engine gets its own placement
 group (one bundle); a fractional bundle lands on a GPU that still has that share free. ``ray_address`` connects to
-an existing cluster (multi-node); without it a new local Ray instance is started
+an existing cluster (multi-node, docs/cluster.md); without it a new local Ray instance is started
 (``RAY_ADDRESS`` or the one already initialised in this process is used when there is one; never a
 cluster that merely runs on this machine). Engines run at normal CPU priority whatever the cluster's
 ``RAY_worker_niceness`` (:mod:`esreason.backends.ray_niceness`). The actor body is
@@ -51,7 +51,8 @@ from esreason.backends.engine import (HFEngineOptions, ResultCollector, StateDir
 from esreason.backends.engine_env import engine_start_timeout, gpu_share
 from esreason.backends.engine_host import EngineHost, build_engine  # noqa: F401 (build_engine re-exported)
 from esreason.backends import ray_niceness
-from esreason.backends.ray_connect import check_address, import_ray, local_address  # noqa: F401 (re-exported)
+from esreason.backends.ray_connect import (check_address, connect_error, import_ray,  # noqa: F401 (re-exported)
+                                           local_address)
 from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
 
@@ -121,6 +122,7 @@ class RayEnginePool:
         self.engine_gpus: dict[int, list[str]] = {}  # engine rank -> its Ray GPU ids (shared under engines_per_gpu)
         self.niceness = ray_niceness.worker_niceness()  # the niceness every engine asks for (0 unless the user set one)
         self.engine_niceness: dict[int, int] = {}  # engine rank -> the niceness it reported (os.nice(0))
+        self.engine_nodes: dict[int, str] = {}  # engine rank -> the Ray node id it started on
         self._niceness_warned = False  # the mismatch warning is given once per pool
         self.sharded = ShardedUpdate(self, collective_timeout_s) if update == "sharded" else None
         self._owns_ray = self._connect(address)
@@ -149,8 +151,7 @@ class RayEnginePool:
         try:
             ray.init(address=address or local_address(), include_dashboard=False, logging_level=logging.WARNING)
         except ConnectionError as exc:
-            raise UserError(f"config key 'backend.ray_address': cannot connect to Ray at {address!r}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            raise connect_error(address, exc) from None
         return True
 
     def _check_resources(self) -> None:
@@ -196,9 +197,8 @@ class RayEnginePool:
             new.append(_Slot(self._next_rank, actor, g))
             self._next_rank += 1
         try:
-            hosts = ray.get([s.actor.ready.remote() for s in new], timeout=self.start_timeout_s)
-            gpu_ids = ray.get([s.actor.gpu_ids.remote() for s in new], timeout=self.start_timeout_s)
-            nices = ray.get([s.actor.niceness.remote() for s in new], timeout=self.start_timeout_s)
+            where = dict(zip((s.rank for s in new),
+                             ray.get([s.actor.where.remote() for s in new], timeout=self.start_timeout_s)))
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
             self._discard(new)
             raise UserError(f"a {self.kind} engine failed to start: {_summary(exc)}; every Ray node needs "
@@ -207,15 +207,16 @@ class RayEnginePool:
             self._discard(new)
             raise UserError(f"{count} {self.kind} engines did not start within {self.start_timeout_s:g} s") from None
         self.slots.extend(new)
-        self.engine_hosts.update(zip((s.rank for s in new), hosts))
-        self.engine_gpus.update(zip((s.rank for s in new), gpu_ids))
-        self.engine_niceness.update(zip((s.rank for s in new), nices))
-        warning = ray_niceness.mismatch_warning(dict(zip((s.rank for s in new), nices)),
+        for table, field in ((self.engine_hosts, "host"), (self.engine_nodes, "node"), (self.engine_gpus, "gpu_ids"),
+                             (self.engine_niceness, "niceness")):
+            table.update((rank, w[field]) for rank, w in where.items())
+        warning = ray_niceness.mismatch_warning({rank: w["niceness"] for rank, w in where.items()},
                                                 ray_niceness.expected_niceness(self.niceness))
         if warning and not self._niceness_warned:
             self._niceness_warned = True
             log.warning(warning)
-        log.info("ray pool: %d %s engines on %s", count, self.kind, sorted(set(hosts)))
+        log.info("ray pool: %d %s engines on %s (%d Ray nodes)", count, self.kind,
+                 sorted({w["host"] for w in where.values()}), len({w["node"] for w in where.values()}))
         domains = dict(zip((s.rank for s in self.slots),
                            self.ray.get([s.actor.noise_domain.remote() for s in self.slots])))
         check_noise_domains(domains, None if self.reference is None else policy_noise_domain(self.reference))
@@ -349,12 +350,13 @@ class RayEnginePool:
         key = f"{state_key(state)}-{self._nonce}"
         self._state_keys.add(key)
         path = write_once(shared_state_root() / key, lambda: state)
-        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
-        return StateDir(str(path), key, self.ray.put(state) if len(nodes) > 1 else None)
+        if len([n for n in self.ray.nodes() if n.get("Alive")]) < 2:
+            return StateDir(str(path), key)
+        return StateDir(str(path), key, self.ray.put(state), self.ray.get_runtime_context().get_node_id())
 
     def close(self) -> None:
-        """Kill the engines, remove their placement groups and this node's shared start states, and
-        stop Ray if this pool started it."""
+        """Kill the engines, remove their placement groups and the pool's start states (this node's;
+        other nodes' engines remove their nodes' copies first), and stop Ray if this pool started it."""
         if self._closed:
             return
         self._closed = True
@@ -362,10 +364,22 @@ class RayEnginePool:
             remove_shared_state(key)
         if self.sharded is not None:
             self.sharded.close()
+        self._drop_node_copies()
         self._discard(self.slots)
         self.slots.clear()
         if self._owns_ray and self.ray.is_initialized():
             self.ray.shutdown()
+
+    def _drop_node_copies(self, timeout_s: float = 60) -> None:
+        """Every live engine removes the start-state copies it wrote on its node (nodes other than
+        the driver's). An engine that does not answer leaves its node's copy to the temp dir's cleanup."""
+        refs = [slot.actor.drop_state_copies.remote() for slot in self.slots]
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in done:
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayError as exc:
+                log.warning("ray pool: an engine could not remove its node's start state (%s)", _summary(exc))
 
     # ------------------------------------------------------------------ consistency
 
