@@ -228,7 +228,7 @@ def measure_ray(args: argparse.Namespace, policy, prompts, golds, scorer, params
                for p in pops]
     finally:
         torch.set_num_threads(threads)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     out: dict = {}
     try:
         state = policy_state(policy)

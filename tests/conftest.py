@@ -79,9 +79,10 @@ def tiny_model_dir(tmp_path_factory):
 def ray_local():
     """One small local Ray instance per test module that asks for it (startup ~10 s): 2 CPUs and 2
     declared GPUs (Ray resources only, no device: engines placed on them compute on the CPU; the
-    ``engines_per_gpu`` placement tests share one of them between two engines)."""
+    ``engines_per_gpu`` placement tests share one of them between two engines). ``address="local"``:
+    a new instance, never a cluster another job started on this machine (Ray's default joins it)."""
     import ray
 
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()

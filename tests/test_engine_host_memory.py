@@ -158,7 +158,7 @@ def test_the_plan_counts_one_tensor_per_engine_beside_the_pinned_masters():
 
 
 class _FakeRay:
-    """The two calls the pool's ``_put_state`` makes, on a cluster of ``nodes`` nodes."""
+    """The calls the pool's ``_put_state`` makes, on a cluster of ``nodes`` nodes (the driver's: "node-d")."""
 
     def __init__(self, nodes: int) -> None:
         self._nodes, self.puts = nodes, []
@@ -169,6 +169,9 @@ class _FakeRay:
     def put(self, value):
         self.puts.append(value)
         return f"ref{len(self.puts)}"
+
+    def get_runtime_context(self):
+        return SimpleNamespace(get_node_id=lambda: "node-d")
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -187,6 +190,7 @@ def test_pool_sends_the_start_state_by_path(tmp_path, monkeypatch, nodes):
     assert Path(sent.path) == shared_state_root() / sent.key and (Path(sent.path) / ".complete").is_file()
     assert (Path(sent.path) / "model.safetensors").read_bytes() == state["model.safetensors"]
     assert (sent.files is None and pool.ray.puts == []) if nodes == 1 else (sent.files == "ref1")
+    assert sent.node == (None if nodes == 1 else "node-d")  # where the path is: read in place only there
 
 
 def test_two_pools_of_one_node_never_remove_each_others_start_state(tmp_path, monkeypatch):
@@ -227,6 +231,35 @@ def test_an_engine_on_another_node_writes_its_copy_once(tmp_path, monkeypatch):
     assert (Path(first.path) / "model.safetensors").read_bytes() == state["model.safetensors"]
     with pytest.raises(RuntimeError, match="not on .* the pool sent no copy"):
         local_state(StateDir(sent.path, sent.key))
+
+
+def test_another_node_of_one_machine_writes_its_own_copy(tmp_path, monkeypatch):
+    """Nodes of one machine (or any node that can see the driver's path) read the driver's copy in
+    place only on the driver's node or under their own state root (a shared ESREASON_ENGINE_DIR);
+    elsewhere they write the node's copy, and the engine host removes it when the pool closes."""
+    import ray
+
+    from esreason.backends import engine_env
+    from esreason.backends.engine_host import EngineHost
+
+    state = {"config.json": b"{}", "model.safetensors": b"w" * 1000}
+    key = state_key(state)
+    monkeypatch.setattr(ray, "get", lambda ref: state)
+    monkeypatch.setenv("ESREASON_ENGINE_DIR", str(tmp_path / "driver"))
+    driver = shared_state_dir(state)  # the driver's complete copy, visible from every node here
+    sent = StateDir(str(driver), key, "ref", "node-d")
+    monkeypatch.setattr(engine_env, "_node_id", lambda: "node-d")
+    assert engine_env.local_state(sent) == sent  # the driver's node: in place
+    monkeypatch.setattr(engine_env, "_node_id", lambda: "node-2")
+    assert engine_env.local_state(sent) == sent  # same state root (a shared directory): in place
+    monkeypatch.setenv("ESREASON_ENGINE_DIR", str(tmp_path / "node-2"))
+    host = EngineHost.__new__(EngineHost)  # no Ray actor: the start-state bookkeeping only
+    host.copies = set()
+    own = host._local(sent)
+    assert Path(own.path) == tmp_path / "node-2" / "esreason-state" / key and (Path(own.path) / ".complete").is_file()
+    assert host.copies == {key}
+    assert host.drop_state_copies() == [key] and not Path(own.path).exists() and host.copies == set()
+    assert (driver / ".complete").is_file()  # the driver's copy is the driver's to remove
 
 
 def test_hf_engine_starts_from_a_state_dir(tiny_model_dir, tmp_path, monkeypatch):

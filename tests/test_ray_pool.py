@@ -7,6 +7,7 @@ HF engines on the embedded default.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,6 +59,28 @@ def test_unreachable_address_through_the_config(demo_policy):
         build_evaluator(cfg, demo_policy, None, None)
 
 
+def test_a_token_protected_cluster_names_the_setting():
+    """Ray's ConnectionError hides why; the reason is chained below it (the chain seen with Ray 2.60
+    when a driver without RAY_AUTH_MODE=token joins a `ray start --head` cluster)."""
+    from esreason.backends.ray_connect import connect_error
+
+    try:
+        try:
+            raise RuntimeError("Failed to connect to GCS. Last connection error: Traceback (most recent call last):\n"
+                               "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication "
+                               "token is missing or incorrect.")
+        except RuntimeError as inner:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from inner
+    except ConnectionError as exc:
+        err = connect_error("10.0.0.1:6379", exc)
+    assert "\n" not in str(err)
+    assert str(err).startswith("config key 'backend.ray_address': cannot connect to Ray at '10.0.0.1:6379': "
+                               "Failed to connect to Ray cluster at 10.0.0.1:6379; the cluster uses token")
+    assert "RAY_AUTH_MODE=token" in str(err)
+    plain = connect_error("10.0.0.1:6379", ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379"))
+    assert "RAY_AUTH_MODE" not in str(plain)
+
+
 def test_more_engines_than_resources(ray_local, demo_policy):
     with pytest.raises(UserError, match=r"3 hf engines need 3 CPU .* the Ray cluster has 2"):
         RayEnginePool("hf", HFEngineOptions(), policy_state(demo_policy), 3, reference=demo_policy)
@@ -101,6 +124,24 @@ def test_two_engines_on_one_gpu_give_the_rewards_of_two_gpus(ray_local, demo_pol
     np.testing.assert_array_equal(a.rewards, b.rewards)
     np.testing.assert_array_equal(a.correct, b.correct)
     assert a.tokens == b.tokens and a.tokens > 0
+
+
+def _expected_niceness(asked: int) -> int:
+    """What an actor of ray_local reports when it asks for ``asked``: workers start at the raylet's
+    niceness, inherited from this process (ray_local started it), and ``nice()`` adds to it."""
+    return max(-20, min(19, os.nice(0) + asked))
+
+
+def test_users_ray_worker_niceness_wins(ray_local, demo_policy, monkeypatch):
+    """A user's RAY_worker_niceness reaches the engines, although this Ray instance was started
+    without it (the setting travels with each actor). Before the module's ``pooled`` engines take the CPUs."""
+    monkeypatch.setenv("RAY_worker_niceness", "5")
+    pool = RayEnginePool("hf", HFEngineOptions(), policy_state(demo_policy), 1, reference=demo_policy)
+    try:
+        assert ray.get(pool.slots[0].actor.niceness.remote()) == _expected_niceness(5)
+        assert pool.engine_niceness == {pool.slots[0].rank: _expected_niceness(5)}
+    finally:
+        pool.close()
 
 
 # ---------------------------------------------------------------- the engine itself (no Ray)
@@ -199,6 +240,18 @@ def test_drifted_engine_is_rebroadcast(pooled):
     assert pool.check_consistency(step=0) == [drifted.rank]
     assert pool.stats.rebroadcasts == before + 1
     assert set(pool.checksums().values()) == {policy_checksum(policy)}
+
+
+def test_pool_engines_run_at_normal_priority(pooled):
+    """Ray starts its workers at nice 15 unless RAY_worker_niceness says otherwise; beside any busy
+    process such an engine gets a few per cent of a core. The pool's engines run at normal priority
+    (0), or at the user's RAY_worker_niceness when set; the run's backend.json records it."""
+    from esreason.es_loop.select import describe_evaluator
+
+    cfg, _, pool = pooled
+    want = _expected_niceness(int(os.environ.get("RAY_worker_niceness") or 0))
+    assert ray.get([s.actor.niceness.remote() for s in pool.slots]) == [want] * len(pool.slots)
+    assert describe_evaluator(cfg, pool)["niceness"] == [want] * len(pool.slots)
 
 
 def test_killed_engine_mid_step_gives_the_same_result(pooled):

@@ -52,7 +52,7 @@ def _twin() -> dict:
     sys.path.insert(0, str(REPO / "tests"))
     from ray_helpers import tiny_es_cfg
 
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="WARNING")
     task = tasks.get("demo-add")
     problems = task.load("train", None, 4)
     out: dict = {}
@@ -78,6 +78,7 @@ def _twin() -> dict:
             out[f"k{k}"] = {
                 "gpu_ids": record["gpu_ids"], "gpus_per_engine": record["gpus_per_engine"],
                 "engines_per_gpu": record["engines_per_gpu"], "engine": record["engine"],
+                "niceness": record["niceness"],
                 "rewards": [np.asarray(r.rewards).tolist() for r in (first, second)],
                 "correct": [np.asarray(r.correct).tolist() for r in (first, second)],
                 "tokens": [int(r.tokens) for r in (first, second)],
@@ -108,6 +109,9 @@ def test_two_vllm_engines_on_one_device_match_two_devices():
     for layout in (one, two):
         assert layout["checksums"] == [layout["trainer"]]  # both engines hold the trainer's centre
     assert one["trainer"] == two["trainer"]
+    # the engines at normal CPU priority (Ray's own default is nice 15), or the user's RAY_worker_niceness
+    want = os.nice(0) + int(os.environ.get("RAY_worker_niceness") or 0)
+    assert one["niceness"] == two["niceness"] == [want, want]
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ actors, on the embedded default.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 
@@ -120,6 +121,8 @@ def test_two_evaluation_engines_share_one_gpu(ray_local, demo):
     ids = [tuple(e["gpu_ids"]) for e in info["engines"]]
     assert len(ids) == 2 and ids[0] == ids[1] and len(ids[0]) == 1, ids
     assert info["engines_per_gpu"] == 2
+    # normal CPU priority unless the user set RAY_worker_niceness (Ray's own default: 15)
+    assert [e["niceness"] for e in info["engines"]] == [os.nice(0) + int(os.environ.get("RAY_worker_niceness") or 0)] * 2
     assert got.token_ids == want.token_ids
     assert got.entropy_sum == pytest.approx(want.entropy_sum, rel=1e-12)
     with pytest.raises(UserError, match="--engines-per-gpu 2 needs --engines >= 2"):

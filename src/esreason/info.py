@@ -29,6 +29,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from esreason.backends import ray_niceness
+
 # (distribution name, import name) shown besides esreason, python and torch.
 _LIBRARIES = (("transformers", "transformers"), ("trl", "trl"), ("math-verify", "math_verify"),
               ("datasets", "datasets"), ("vllm", "vllm"), ("ray", "ray"))
@@ -223,6 +225,7 @@ def info_dict() -> dict[str, Any]:
         "platform": platform.platform(),
         "versions": {"torch": torch.__version__, **{d: _version(d, m) for d, m in _LIBRARIES}},
         "device": device_info(torch),
+        "ray_workers": ray_niceness.describe(),
         "embedded": _embedded_info(),
     }
 
@@ -263,6 +266,8 @@ def format_info(info: dict[str, Any]) -> str:
     else:
         lines.append(f"{'device':<13} no GPU: cpu ({dev['cpu_count']} cores, {dev['torch_threads']} torch threads, "
                      f"{dev.get('openmp_wait', 'OpenMP wait unknown')})")
+    if "ray_workers" in info:
+        lines.append(f"{'ray workers':<13} {info['ray_workers']}")
     emb = info["embedded"]
     if emb["exists"]:
         lines.append(f"{'embedded':<13} {emb['path']}  ({emb.get('model_type')}, {emb['parameters']:,} parameters, "

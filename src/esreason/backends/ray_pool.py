@@ -27,15 +27,17 @@ HF engines run on CPU (one CPU each); vLLM engines need one GPU each, or 1/K of 
 ``backend.engines_per_gpu`` = K (Ray's fractional GPUs: K engines on one device, each reserving 1/K
 of vLLM's memory share; :mod:`esreason.backends.engine_env`). Every engine gets its own placement
 group (one bundle); a fractional bundle lands on a GPU that still has that share free. ``ray_address`` connects to
-an existing cluster (multi-node); without it a local Ray instance is started (or the one
-already initialised in this process is used). Ray is imported lazily, here only.
+an existing cluster (multi-node, docs/cluster.md); without it a new local Ray instance is started
+(``RAY_ADDRESS`` or the one already initialised in this process is used when there is one; never a
+cluster that merely runs on this machine). Engines run at normal CPU priority whatever the cluster's
+``RAY_worker_niceness`` (:mod:`esreason.backends.ray_niceness`). The actor body is
+:mod:`esreason.backends.engine_host`. Ray is imported lazily, here only.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 import uuid
 from collections import deque
@@ -43,83 +45,18 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from esreason.backends.base import SamplingParams
-from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberOutput, ResultCollector,
-                                      StartState, StateDir, StateFiles, check_noise_domains, policy_checksum,
-                                      policy_noise_domain, policy_state, remove_shared_state, shared_state_root,
-                                      state_key, write_once)
-from esreason.backends.engine_env import (engine_start_timeout, gpu_share, gpu_start_lock, local_state,
-                                          pin_visible_gpu, ray_gpu_assignment)
-from esreason.backends.ray_connect import check_address, import_ray  # noqa: F401 (import_ray re-exported)
+from esreason.backends.engine import (HFEngineOptions, ResultCollector, StateDir, StateFiles, check_noise_domains,
+                                      policy_checksum, policy_noise_domain, policy_state, remove_shared_state,
+                                      shared_state_root, state_key, write_once)
+from esreason.backends.engine_env import engine_start_timeout, gpu_share
+from esreason.backends.engine_host import EngineHost, build_engine  # noqa: F401 (build_engine re-exported)
+from esreason.backends import ray_niceness
+from esreason.backends.ray_connect import (check_address, connect_error, import_ray,  # noqa: F401 (re-exported)
+                                           local_address)
 from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
-
-def build_engine(kind: str, options: Any, state: StartState) -> Engine:
-    """The engine of ``kind`` ('hf' or 'vllm') built from checkpoint files."""
-    if kind == "hf":
-        return HFEngine(options, state)
-    if kind == "vllm":
-        from esreason.backends.vllm import VLLMEngine
-
-        return VLLMEngine(options, state)
-    raise ValueError(f"unknown engine kind {kind!r}")
-
-
-class EngineHost:
-    """The body of one Ray actor: builds an engine and forwards the pool's calls to it."""
-
-    def __init__(self, kind: str, options: Any, state: StartState) -> None:
-        state = local_state(state)
-        gpu_ids, held = ray_gpu_assignment()
-        if kind == "vllm":
-            pinned = pin_visible_gpu(os.environ, gpu_ids)
-            if pinned is not None:
-                log.info("engine: CUDA_VISIBLE_DEVICES=%s from ray.get_gpu_ids()", pinned)
-        with gpu_start_lock(gpu_ids, held):  # engines sharing a GPU start one after another
-            self.engine = build_engine(kind, options, state)
-
-    def ready(self) -> str:
-        return socket.gethostname()
-
-    def gpu_ids(self) -> list[str]:
-        """The Ray GPU ids this actor holds (shared with the other engines of its GPU)."""
-        import ray
-
-        return [str(g) for g in ray.get_gpu_ids()]
-
-    def run_member(self, index: int, seed: int, sigma: float, prompts: Sequence[str],
-                   params: SamplingParams) -> MemberOutput:
-        return self.engine.run_member(index, seed, sigma, prompts, params)
-
-    def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
-        return self.engine.apply_update(seeds, weights, alpha)
-
-    def join_group(self, spec: Any) -> None:
-        self.engine.join_group(spec)
-
-    def apply_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
-                             num_shards: int, shards: Sequence[int]) -> float:
-        return self.engine.apply_update_sharded(seeds, weights, alpha, num_shards, shards)
-
-    def checksum(self) -> str:
-        return self.engine.checksum()
-
-    def noise_domain(self) -> str:
-        return self.engine.noise_domain()
-
-    def generate_requests(self, prompt_ids: Sequence[Sequence[int]], seeds: Sequence[int],
-                          params: SamplingParams) -> Any:
-        """Held-out evaluation at the centre (:func:`esreason.backends.eval_pool.pool_generator`)."""
-        from esreason.backends.vllm_eval import engine_generate_requests
-
-        return engine_generate_requests(self.engine, prompt_ids, seeds, params)
-
-    def export_state(self) -> StateFiles:
-        return self.engine.export_state()
-
-    def load_state(self, state: StartState) -> None:
-        self.engine.load_state(local_state(state))
 
 
 @dataclass
@@ -183,6 +120,10 @@ class RayEnginePool:
         self._nonce = uuid.uuid4().hex[:12]  # names this pool's copies: another pool's close never removes them
         self.engine_hosts: dict[int, str] = {}  # engine rank -> the host it started on
         self.engine_gpus: dict[int, list[str]] = {}  # engine rank -> its Ray GPU ids (shared under engines_per_gpu)
+        self.niceness = ray_niceness.worker_niceness()  # the niceness every engine asks for (0 unless the user set one)
+        self.engine_niceness: dict[int, int] = {}  # engine rank -> the niceness it reported (os.nice(0))
+        self.engine_nodes: dict[int, str] = {}  # engine rank -> the Ray node id it started on
+        self._niceness_warned = False  # the mismatch warning is given once per pool
         self.sharded = ShardedUpdate(self, collective_timeout_s) if update == "sharded" else None
         self._owns_ray = self._connect(address)
         try:
@@ -208,10 +149,9 @@ class RayEnginePool:
                          "backend.ray_address=%s is not used", address)
             return False
         try:
-            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+            ray.init(address=address or local_address(), include_dashboard=False, logging_level=logging.WARNING)
         except ConnectionError as exc:
-            raise UserError(f"config key 'backend.ray_address': cannot connect to Ray at {address!r}: "
-                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            raise connect_error(address, exc) from None
         return True
 
     def _check_resources(self) -> None:
@@ -247,17 +187,18 @@ class RayEnginePool:
             raise UserError(f"config key 'backend.engines': could not place {count} {self.kind} engines "
                             f"within {self.start_timeout_s:g} s (free resources: {free})") from None
         remote_cls = ray.remote(EngineHost)
+        runtime_env = ray_niceness.actor_runtime_env()  # normal CPU priority, not Ray's nice 15
         new = []
         for g in groups:
             strategy = PlacementGroupSchedulingStrategy(placement_group=g, placement_group_bundle_index=0)
             actor = remote_cls.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=strategy,
-                                       max_restarts=0, max_task_retries=0).remote(self.kind, self.options,
-                                                                                  state_ref)
+                                       max_restarts=0, max_task_retries=0,
+                                       runtime_env=runtime_env).remote(self.kind, self.options, state_ref)
             new.append(_Slot(self._next_rank, actor, g))
             self._next_rank += 1
         try:
-            hosts = ray.get([s.actor.ready.remote() for s in new], timeout=self.start_timeout_s)
-            gpu_ids = ray.get([s.actor.gpu_ids.remote() for s in new], timeout=self.start_timeout_s)
+            where = dict(zip((s.rank for s in new),
+                             ray.get([s.actor.where.remote() for s in new], timeout=self.start_timeout_s)))
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
             self._discard(new)
             raise UserError(f"a {self.kind} engine failed to start: {_summary(exc)}; every Ray node needs "
@@ -266,9 +207,16 @@ class RayEnginePool:
             self._discard(new)
             raise UserError(f"{count} {self.kind} engines did not start within {self.start_timeout_s:g} s") from None
         self.slots.extend(new)
-        self.engine_hosts.update(zip((s.rank for s in new), hosts))
-        self.engine_gpus.update(zip((s.rank for s in new), gpu_ids))
-        log.info("ray pool: %d %s engines on %s", count, self.kind, sorted(set(hosts)))
+        for table, field in ((self.engine_hosts, "host"), (self.engine_nodes, "node"), (self.engine_gpus, "gpu_ids"),
+                             (self.engine_niceness, "niceness")):
+            table.update((rank, w[field]) for rank, w in where.items())
+        warning = ray_niceness.mismatch_warning({rank: w["niceness"] for rank, w in where.items()},
+                                                ray_niceness.expected_niceness(self.niceness))
+        if warning and not self._niceness_warned:
+            self._niceness_warned = True
+            log.warning(warning)
+        log.info("ray pool: %d %s engines on %s (%d Ray nodes)", count, self.kind,
+                 sorted({w["host"] for w in where.values()}), len({w["node"] for w in where.values()}))
         domains = dict(zip((s.rank for s in self.slots),
                            self.ray.get([s.actor.noise_domain.remote() for s in self.slots])))
         check_noise_domains(domains, None if self.reference is None else policy_noise_domain(self.reference))
@@ -402,12 +350,13 @@ class RayEnginePool:
         key = f"{state_key(state)}-{self._nonce}"
         self._state_keys.add(key)
         path = write_once(shared_state_root() / key, lambda: state)
-        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
-        return StateDir(str(path), key, self.ray.put(state) if len(nodes) > 1 else None)
+        if len([n for n in self.ray.nodes() if n.get("Alive")]) < 2:
+            return StateDir(str(path), key)
+        return StateDir(str(path), key, self.ray.put(state), self.ray.get_runtime_context().get_node_id())
 
     def close(self) -> None:
-        """Kill the engines, remove their placement groups and this node's shared start states, and
-        stop Ray if this pool started it."""
+        """Kill the engines, remove their placement groups and the pool's start states (this node's;
+        other nodes' engines remove their nodes' copies first), and stop Ray if this pool started it."""
         if self._closed:
             return
         self._closed = True
@@ -415,10 +364,22 @@ class RayEnginePool:
             remove_shared_state(key)
         if self.sharded is not None:
             self.sharded.close()
+        self._drop_node_copies()
         self._discard(self.slots)
         self.slots.clear()
         if self._owns_ray and self.ray.is_initialized():
             self.ray.shutdown()
+
+    def _drop_node_copies(self, timeout_s: float = 60) -> None:
+        """Every live engine removes the start-state copies it wrote on its node (nodes other than
+        the driver's). An engine that does not answer leaves its node's copy to the temp dir's cleanup."""
+        refs = [slot.actor.drop_state_copies.remote() for slot in self.slots]
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in done:
+            try:
+                self.ray.get(ref)
+            except self.ray.exceptions.RayError as exc:
+                log.warning("ray pool: an engine could not remove its node's start state (%s)", _summary(exc))
 
     # ------------------------------------------------------------------ consistency
 

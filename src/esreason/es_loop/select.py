@@ -58,14 +58,17 @@ def _build_batched(cfg: Any, policy: Any, generator: Generator) -> PopulationEva
 def describe_evaluator(cfg: Any, evaluator: Any) -> dict[str, Any]:
     """What population evaluation actually runs (``RUN/backend.json``): the backend, the engine
     kind, how many engines started, the update mode, each engine's host and Ray GPU ids (engines
-    that share a GPU under ``backend.engines_per_gpu`` show the same id)."""
+    that share a GPU under ``backend.engines_per_gpu`` show the same id), the CPU niceness each
+    engine runs at (0: normal priority; :mod:`esreason.backends.ray_niceness`) and its Ray node id."""
     slots = getattr(evaluator, "slots", None)
     if slots is not None:  # a Ray pool (backends/ray_pool.py)
         return {"type": "ray", "engine": evaluator.kind, "engines": len(slots), "update": evaluator.update_mode,
                 "gpus_per_engine": evaluator.gpus,
                 "engines_per_gpu": getattr(cfg.backend, "engines_per_gpu", 1),
                 "hosts": [evaluator.engine_hosts.get(s.rank, "?") for s in slots],
-                "gpu_ids": [getattr(evaluator, "engine_gpus", {}).get(s.rank, []) for s in slots]}
+                "gpu_ids": [getattr(evaluator, "engine_gpus", {}).get(s.rank, []) for s in slots],
+                "niceness": [getattr(evaluator, "engine_niceness", {}).get(s.rank) for s in slots],
+                "nodes": [getattr(evaluator, "engine_nodes", {}).get(s.rank, "?") for s in slots]}
     if getattr(getattr(evaluator, "engine", None), "llm", None) is not None:
         return {"type": "vllm", "engine": "vllm", "engines": 1, "update": "replicated"}
     return {"type": cfg.backend.type, "engine": "hf", "engines": 1, "update": "replicated"}

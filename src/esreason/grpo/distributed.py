@@ -18,12 +18,20 @@ resumed run needs to restore every process's sampling stream.
 
 Sharded runs (FSDP, DeepSpeed) gather the full weights for an HF checkpoint: every process
 takes part in :func:`full_state_dict` (a collective), the main process writes.
+
+Several machines: the same command on every machine, each with its ``--machine_rank``, the same
+``--num_machines``, ``--main_process_ip`` and ``--main_process_port``, and ``--num_processes`` the
+total over all machines (accelerate's multi-node launch; docs/cluster.md). Nothing above changes:
+ranks are global, the batch plan is global, rank 0 writes. What the machines must share is the run
+directory (:func:`check_shared_run_directory`); each needs the model and the task data at the same
+paths, and the same environment.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Mapping
 
 Sharding = Literal["none", "fsdp", "deepspeed"]
@@ -74,6 +82,62 @@ class Processes:
         elif _flag(env, "ACCELERATE_USE_DEEPSPEED"):
             sharding = "deepspeed"
         return cls(num_processes=world, process_index=rank, sharding=sharding)
+
+
+def spans_machines(env: Mapping[str, str] | None = None) -> bool:
+    """True under a launch across several machines: WORLD_SIZE above LOCAL_WORLD_SIZE (both set by
+    torch.distributed.run, which ``accelerate launch`` runs)."""
+    env = os.environ if env is None else env
+    try:
+        return int(env.get("WORLD_SIZE", "1")) > int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return False
+
+
+def check_shared_run_directory(out: Path) -> None:
+    """Across machines, every process must be given the same run directory and see what the main
+    process writes there; else a UserError on every process naming the machines that do not (call
+    it with the process group up, before any process reads the run directory).
+
+    Why: only rank 0 writes esreason's files, while every process writes its own RNG state under
+    RUN/trl and reads RUN on ``--resume`` to decide where to continue. On disks of their own, the
+    other machines' processes would resume from nothing while rank 0 resumes from its checkpoint.
+    How: rank 0 writes a probe file named by a random token in the nearest existing directory on the
+    way to ``out`` (so nothing is created when the check fails); every process looks for it."""
+    import socket
+    import uuid
+
+    import torch.distributed as dist
+
+    from esreason.errors import UserError
+
+    if not (dist.is_available() and dist.is_initialized() and spans_machines()):
+        return
+    mine = Path(out).resolve()
+    where = mine
+    while not where.is_dir() and where != where.parent:
+        where = where.parent
+    token: list[Any] = [(str(where), uuid.uuid4().hex) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    probe = Path(token[0][0]) / f".esreason-shared-{token[0][1]}"
+    if dist.get_rank() == 0:
+        probe.write_text("")
+    dist.barrier()
+    seen: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, (socket.gethostname(), str(mine), probe.is_file()))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        probe.unlink(missing_ok=True)
+    outputs = sorted({path for _, path, _ in seen})
+    if len(outputs) > 1:
+        raise UserError(f"--output: the processes of this launch were given different run directories "
+                        f"({', '.join(outputs)}); give every machine the same --output, on a filesystem they share")
+    blind = sorted({host for host, _, ok in seen if not ok})
+    if blind:
+        raise UserError(f"--output {out}: GRPO across machines needs the run directory on a filesystem every "
+                        f"machine shares (NFS, Lustre, ...); the processes on {', '.join(blind)} do not see "
+                        f"what rank 0 writes in {token[0][0]}. Put --output on a shared filesystem "
+                        "(docs/cluster.md, \"GRPO on several machines\")")
 
 
 def barrier() -> None:
@@ -137,4 +201,5 @@ def full_state_dict(accelerator: Any, model: Any) -> dict[str, Any]:
     return accelerator.get_state_dict(model)
 
 
-__all__ = ["Processes", "Sharding", "barrier", "full_state_dict", "shutdown_process_group"]
+__all__ = ["Processes", "Sharding", "barrier", "check_shared_run_directory", "full_state_dict",
+           "shutdown_process_group", "spans_machines"]

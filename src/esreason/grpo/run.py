@@ -24,7 +24,8 @@ from typing import Any
 
 from esreason.errors import UserError
 from esreason.grpo.config import GRPORunConfig
-from esreason.grpo.distributed import Processes, barrier, full_state_dict, shutdown_process_group
+from esreason.grpo.distributed import (Processes, barrier, check_shared_run_directory, full_state_dict,
+                                      shutdown_process_group)
 from esreason.grpo.plan import BatchPlan
 from esreason.quiet import known_library_noise
 from esreason.grpo.save_dtype import resolve_save_dtype
@@ -262,7 +263,6 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     resume = resume or resume_from is not None
     out = Path(output)
     run_dir = RunDir(out)
-    point, check = _check_run_dir(out, cfg, resume, resume_from)
 
     # Task data first: a bad dataset fails before the model is loaded.
     if cfg.tasks_dir:
@@ -281,6 +281,10 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         trl_kwargs["reward_weights"] = [float(w) for w in scorer.weights]
     # Under a launcher this sets up the process group (TrainingArguments -> accelerate.PartialState).
     grpo_args = make_grpo_config(trl_kwargs)
+    # The run directory is checked once the process group is up: across machines every process must
+    # see what rank 0 wrote before any of them decides from it where to resume.
+    check_shared_run_directory(out)
+    point, check = _check_run_dir(out, cfg, resume, resume_from)
     if grpo_args.world_size != procs.num_processes or grpo_args.generation_batch_size != plan.sequences_per_update:
         raise RuntimeError(f"TRL sees {grpo_args.world_size} processes and a generation batch of "
                            f"{grpo_args.generation_batch_size}; the plan has {procs.num_processes} and "
