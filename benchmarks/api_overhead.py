@@ -45,8 +45,8 @@ from datasets import Dataset
 from esreason import ESConfig, ESTrainer, tasks, verifiers
 score = verifiers.get("math", format_reward=0.1)
 
-def math_reward(completions, gold, **kwargs):
-    return [score(c, g).reward for c, g in zip(completions, gold)]
+def math_reward(completions, gold, **kwargs):  # conversational prompts: completions are messages (TRL)
+    return [score(c[0]["content"], g).reward for c, g in zip(completions, gold)]
 
 problems = tasks.get("demo-add").load("train")
 ds = Dataset.from_list([{{"prompt": [dict(m) for m in p.messages], "gold": p.gold}} for p in problems])

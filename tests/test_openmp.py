@@ -54,3 +54,22 @@ def test_the_cli_sets_it_before_torch_is_imported_and_info_reports_it():
     assert got["torch_loaded_at_configure"] == [False], "libgomp reads GOMP_SPINCOUNT once, at torch's import"
     assert f"GOMP_SPINCOUNT={openmp.SPIN_COUNT})" in got["device"]
     assert "OMP_WAIT_POLICY=passive)" in _probe({"OMP_WAIT_POLICY": "passive"})["device"]
+
+
+def test_importing_esreason_bounds_the_spin_for_python_users_too():
+    """The Python API gets the CLI's setting when esreason is imported before torch; torch first is flagged."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    code = ("import os, sys; {first}import esreason; "
+            "print(os.environ.get('GOMP_SPINCOUNT'), esreason.OPENMP_TOO_LATE, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code.format(first="")], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [str(openmp.SPIN_COUNT), "False", "False"]  # set before anything imported torch
+    out = subprocess.run([sys.executable, "-c", code.format(first="import torch; ")], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == [str(openmp.SPIN_COUNT), "True", "True"]  # too late for this process: the API warns
+    out = subprocess.run([sys.executable, "-c", code.format(first="")], env={**env, "GOMP_SPINCOUNT": "7"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "7"  # the user's choice wins

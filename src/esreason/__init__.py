@@ -14,7 +14,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import os as _os
+import sys as _sys
+
+from esreason import openmp as _openmp
+
 __version__ = "0.1.0"
+
+# The bounded OpenMP spin the CLI sets (esreason.openmp) applies to Python users too: libgomp reads it
+# once, when torch is imported, so it is set here, before esreason imports torch. The user's own
+# GOMP_SPINCOUNT / OMP_WAIT_POLICY wins; when torch was imported first it is too late (the API warns).
+OPENMP_TOO_LATE = "torch" in _sys.modules and not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(_os.environ)
+_openmp.configure()
 
 _API = {
     "ESConfig": "esreason.api.config",

@@ -71,6 +71,7 @@ class ESTrainer:
         elif train_dataset is not None or eval_dataset is not None:
             raise UserError("reward_funcs: a train_dataset needs reward functions to score it")
         self.result: TrainResult | None = None
+        _warn_openmp(self.run_config.device)
 
     @property
     def output_dir(self) -> Path:
@@ -113,6 +114,25 @@ class ESTrainer:
                 model.save_pretrained(tmp)
                 tok.save_pretrained(tmp)
         return target
+
+
+def _warn_openmp(device: str) -> None:
+    """Once: torch was imported before esreason on a CPU run, so libgomp spins at its default
+    (esreason.openmp: several times slower beside any other busy process)."""
+    import esreason
+
+    if device != "cpu" or not esreason.OPENMP_TOO_LATE or getattr(_warn_openmp, "done", False):
+        return
+    import torch
+
+    if torch.get_num_threads() > 1:
+        import warnings
+
+        warnings.warn("torch was imported before esreason, so its OpenMP threads spin at libgomp's default "
+                      "(300,000 iterations): CPU runs are several times slower beside any other busy process. "
+                      "Import esreason first, or set GOMP_SPINCOUNT=3000 before Python starts (esreason.openmp)",
+                      stacklevel=3)
+        _warn_openmp.done = True  # type: ignore[attr-defined]
 
 
 def _model_argument(model: Any, args: ESConfig) -> tuple[Any, str | None]:
