@@ -160,4 +160,5 @@ def key_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
-__all__ = ["EvalProtocol", "ExperimentConfigs", "ExperimentFile", "ExperimentReport", "PlanSettings", "SequenceFile", "key_names"]
+__all__ = ["EvalProtocol", "ExperimentConfigs", "ExperimentFile", "ExperimentReport", "PlanSettings", "SequenceFile",
+           "key_names"]
