@@ -97,7 +97,7 @@ class GenerationConfig:
     """Train-time sampling (paper: temperature 0 Easy, 0.6 Hard)."""
 
     temperature: float = 0.0
-    """0 = greedy decoding."""
+    """Sampling temperature of the members' responses; 0 = greedy decoding."""
     top_p: float = 1.0
     """Nucleus mass (the paper does not state it; 1.0 = full distribution)."""
     max_new_tokens: int = 2048
@@ -142,7 +142,7 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Where the population is evaluated (issue "Scale-out and speed"; docs/scale.md)."""
+    """Where the population is evaluated (docs/scale.md)."""
 
     type: Literal["hf", "batched", "ray", "vllm"] = "hf"
     """hf: one in-process transformers model, members one at a time (the reference).

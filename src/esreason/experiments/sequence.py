@@ -40,10 +40,11 @@ from typing import Any, Mapping, Sequence
 
 from esreason.config import ConfigError, build, config_mapping, merge, parse_overrides, read_yaml, to_dict
 from esreason.errors import UserError
+from esreason.experiments.file_keys import SequenceFile, key_names
 
 STAGE_METHODS = ("es", "grpo")
 SEQUENCE_FILE = "sequence.json"
-TOP_KEYS = ("stages", "total_updates", "model", "es", "grpo")
+TOP_KEYS = key_names(SequenceFile)
 
 
 @dataclass(frozen=True)

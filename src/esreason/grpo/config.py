@@ -60,8 +60,11 @@ class GRPOSettings:
     weight_decay: float = 0.01
     """AdamW decoupled weight decay (unstated in the paper; verl's default)."""
     adam_beta1: float = 0.9
+    """AdamW beta1, the decay of the gradient's running mean (unstated in the paper; verl's default)."""
     adam_beta2: float = 0.999
+    """AdamW beta2, the decay of the squared gradient's running mean (unstated in the paper; verl's default)."""
     adam_epsilon: float = 1.0e-8
+    """AdamW epsilon added to the denominator (unstated in the paper; verl's default)."""
     max_grad_norm: float = 1.0
     """Global gradient-norm clipping per optimizer step (0 = off; verl's default 1.0)."""
     warmup_updates: int = 0
@@ -106,6 +109,7 @@ class GRPOGenerationConfig(GenerationConfig):
     """
 
     temperature: float = 1.0
+    """Sampling temperature of the rollouts (paper: 1.0); must be > 0, GRPO samples its groups."""
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Outputs (default ``EXP/report/``)::
 
     report.md            protocol header, findings, all tables (with interval tables), figures
-    report.json          every number of every table with its interval, fronts, curves, findings
+    report.json          every number of every table with its interval, fronts, Pass@K profiles, curves,
+                         findings
     pass_at_k.tex  maj_at_k.tex  heldout_change.tex  below_base.tex  pareto_fronts.tex
     pairs_bars.png  passk_profiles.png  pareto.png  training_curves.png
 """
@@ -65,6 +66,8 @@ def _report_json(exp: Experiment, parts: Parts, files: dict[str, Path], notes: S
                                            "checkpoint": m.checkpoint} for m in exp.methods.values()}},
         "tables": _tables_dict(parts),
         "pareto": [p.as_dict() for p in parts.panels],
+        "passk_profiles": {label: {m: p.as_dict() for m, p in panel.items()}
+                           for label, panel in parts.profiles.items()},
         "training": parts.curves.as_dict() if parts.curves else None,
         "findings": [f.as_dict() for f in parts.findings],
         "mdd": {"metric": "pass@1", "alpha": 0.05, "power": 0.8, "method": "normal approximation, "

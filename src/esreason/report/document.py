@@ -221,8 +221,9 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
               "Paper Figure fig:rq1-overview (c-d): Pass@1/K of Base, GRPO and ES on chosen pairs; whiskers: "
               "95% intervals.", ""]
     lines += [markdown.image(files["bars"].name, "train-test pairs"), ""] if "bars" in files else ["_No figure._", ""]
-    lines += ["## 4. Pass@K profiles", "", "Pass@K over every K the evaluation computed, per task and on the "
-              "Average; bands: 95% intervals.", ""]
+    lines += ["## 4. Pass@K profiles", "", "Pass@K for every K from 1 to the samples per problem (the unbiased "
+              "estimator on each problem's correct count; log2 axis), per task and on the Average; markers: the "
+              "table's K with 95% intervals.", ""]
     lines += [markdown.image(files["profiles"].name, "Pass@K profiles"), ""] if "profiles" in files else []
     lines += ["## 5. Pareto fronts", "",
               f"Paper Figure fig:rq1-deepseek-math-pareto: Pass@1 (x) vs Pass@{pk} (y). Gray dashed: front of "

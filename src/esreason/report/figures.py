@@ -6,10 +6,8 @@ from pathlib import Path
 
 from esreason.report import plots
 from esreason.report.compute import Parts
-from esreason.report.load import REFERENCE_ROLES, Cell, Experiment, evaluated
-from esreason.report.seeds import seed_value
-from esreason.report.stats import average
-from esreason.report.tables import AVERAGE_GROUP, table_tasks
+from esreason.report.load import REFERENCE_ROLES, Experiment, evaluated
+from esreason.report.tables import table_tasks
 
 
 def draw_figures(exp: Experiment, parts: Parts, out: Path) -> tuple[dict[str, Path], list[str]]:
@@ -34,26 +32,9 @@ def draw_figures(exp: Experiment, parts: Parts, out: Path) -> tuple[dict[str, Pa
     elif not exp.pairs:
         notes.append("no train->test pairs in experiment.json; no bar chart")
 
-    profiles: dict[str, dict[str, dict[int, Cell]]] = {}
-    per_seed: dict[str, dict[str, list[dict[int, float]]]] = {}
-    for key in tasks + [AVERAGE_GROUP]:
-        label = "Average (all tasks)" if key == AVERAGE_GROUP else key
-        profiles[label] = {}
-        group = tasks if key == AVERAGE_GROUP else [key]
-        per_seed[label] = {m: [{k: v for k in exp.eval_ks(m)
-                                if (v := seed_value(exp, m, s, group, f"pass@{k}")) is not None}
-                               for s in exp.seed_keys(m)] for m in methods if exp.seed_keys(m)}
-        for m in methods:
-            pts = {}
-            for k in exp.eval_ks(m):
-                c = average(exp, m, tasks, f"pass@{k}") if key == AVERAGE_GROUP else exp.cell(m, key, f"pass@{k}")
-                if c is not None:
-                    pts[k] = c
-            if pts:
-                profiles[label][m] = pts
-    if methods and tasks:
-        files["profiles"] = plots.plot_profiles(profiles, methods, style, out / names["profiles"],
-                                                f"Pass@K over K: {title}", per_seed)
+    if parts.profiles:
+        files["profiles"] = plots.plot_profiles(parts.profiles, methods, style, out / names["profiles"],
+                                                f"Pass@K over K: {title}")
     if parts.panels:
         files["pareto"] = plots.plot_pareto(parts.panels, style, out / names["pareto"],
                                             f"Pass@1 vs Pass@{parts.panels[0].k} Pareto fronts: {title}")

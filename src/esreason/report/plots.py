@@ -2,8 +2,9 @@
 
 - :func:`plot_pair_bars`: Pass@1/K2/K3 of Base, GRPO and ES on train->test pairs with
   interval error bars (paper Figure ``fig:rq1-overview`` (c-d)).
-- :func:`plot_profiles`: Pass@K over every K the evaluation computed, per task, one line
-  per method, interval bands (the coverage view behind Tables ``tab:rq1-instruct-final``).
+- :func:`plot_profiles`: Pass@K over every K = 1..M the samples support (log2 axis), per task
+  and on the average, one line per method, the tables' Ks marked with their intervals (the
+  coverage view behind Tables ``tab:rq1-instruct-final``).
 - :func:`plot_pareto`: Pass@1 vs Pass@K with the reference (Base/GRPO/ES, gray dashed)
   and full (solid dark) fronts, dominated points faded, methods at the same point nested and
   named in the corner (paper Figure ``fig:rq1-deepseek-math-pareto``).
@@ -26,12 +27,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
 from esreason.io import atomic_save_figure  # noqa: E402
 from esreason.report.curves import REWARD_KEY, REWARD_WINDOW, Curves, panel_measure, trailing_mean  # noqa: E402
 from esreason.report.load import Cell  # noqa: E402
 from esreason.report.pareto import ParetoPanel  # noqa: E402
+from esreason.report.passk_profiles import Profile  # noqa: E402
 
 _ROLE_STYLE = {"base": ("#7f7f7f", "o"), "grpo": ("#1f77b4", "s"), "es": ("#d62728", "^"),
                "es_grpo": ("#9467bd", "D"), "grpo_es": ("#2ca02c", "v")}
@@ -140,34 +142,74 @@ def plot_pair_bars(pairs: Sequence[tuple[str, str]], metrics: Sequence[str],
 # ---------------------------------------------------------------------- Pass@K profiles
 
 
-def plot_profiles(panels: Mapping[str, Mapping[str, Mapping[int, Cell]]], methods: Sequence[str],
-                  style: Mapping[str, Style], path: Path, title: str = "",
-                  seeds: Mapping[str, Mapping[str, Sequence[Mapping[int, float]]]] | None = None) -> Path:
-    """Pass@K against K (log2 axis) per panel; ``panels[label][method][k] = Cell``; ``seeds[label][method]``:
-    one ``{k: value}`` per training seed (thin lines: the spread over seeds)."""
+#: Sideways distance (octaves of K) between the markers of neighbouring methods at one tabulated K.
+DODGE = 0.07
+
+
+def _k_ticks(ks: set[int]) -> list[int]:
+    """Ticks of a log2 K axis: the powers of two up to the largest K, and the largest K itself."""
+    top = max(ks)
+    return sorted({2 ** i for i in range(top.bit_length()) if 2 ** i <= top} | {top})
+
+
+def _percent_limits(ax: plt.Axes, values: Sequence[float], min_span: float = 5.0) -> None:
+    """y limits around ``values`` (percent) inside [0, 100] plus room for a marker, at least ``min_span`` tall."""
+    lo, hi = min(values), max(values)
+    if hi - lo < min_span:
+        hi = min(100.0, lo + min_span)
+        lo = max(0.0, hi - min_span)
+    pad = 0.08 * (hi - lo)
+    ax.set_ylim(max(-1.5, lo - pad), min(101.5, hi + pad))
+
+
+def plot_profiles(panels: Mapping[str, Mapping[str, Profile]], methods: Sequence[str],
+                  style: Mapping[str, Style], path: Path, title: str = "") -> Path:
+    """Pass@K against K on a log2 axis, one panel per task (and the average): a line over every K
+    the profile has (1..M), the tabulated Ks as markers with their 95% interval whiskers (the
+    methods' markers a little apart sideways), and one thin dotted line per training seed."""
     fig, axes = _grid(len(panels))
-    seeds = seeds or {}
+    seeded = False
     for ax, (label, by_method) in zip(axes, panels.items()):
         all_k: set[int] = set()
+        shown: list[float] = []
+        drawn = [m for m in methods if by_method.get(m) is not None and by_method[m].values]
         for m in methods:
-            pts = by_method.get(m)
-            if not pts:
+            p = by_method.get(m)
+            if p is None or not p.values:
                 continue
-            ks = sorted(pts)
+            st = style[m]
+            ks = sorted(p.values)
             all_k.update(ks)
-            ys = [100 * pts[k].value for k in ks]  # type: ignore[operator]
-            ax.plot(ks, ys, color=style[m].color, marker=style[m].marker, markersize=4, linewidth=1.4)
-            for run in seeds.get(label, {}).get(m, []):
+            ys = [100 * p.values[k] for k in ks]
+            ax.plot(ks, ys, color=st.color, linewidth=1.5, zorder=3)
+            shown += ys
+            for run in p.seeds:
+                seeded = True
                 sk = sorted(run)
-                ax.plot(sk, [100 * run[k] for k in sk], color=style[m].color, linewidth=0.9, alpha=0.8,
-                        linestyle=":")
-            if all(pts[k].low is not None and pts[k].high is not None for k in ks):
-                ax.fill_between(ks, [100 * pts[k].low for k in ks], [100 * pts[k].high for k in ks],  # type: ignore
-                                color=style[m].color, alpha=0.10, linewidth=0)
+                ax.plot(sk, [100 * run[k] for k in sk], color=st.color, linewidth=0.9, alpha=0.8, linestyle=":")
+                shown += [100 * run[k] for k in sk]
+            mk = sorted(p.marks)
+            ys = [100 * p.marks[k].value for k in mk]  # type: ignore[operator]
+            # a probability's interval ends inside [0, 100] (a continuity-corrected end can pass 0 by half a step)
+            ends = [(100 * max(c.low, 0.0) if c.low is not None else y, 100 * min(c.high, 1.0) if c.high is not None
+                     else y) for c, y in zip((p.marks[k] for k in mk), ys)]
+            lo, hi = [max(0.0, y - a) for y, (a, _) in zip(ys, ends)], [max(0.0, b - y) for y, (_, b) in zip(ys, ends)]
+            # markers of the methods side by side around K (DODGE octaves apart) so none hides another
+            shift = 2 ** (DODGE * (drawn.index(m) - (len(drawn) - 1) / 2))
+            ax.errorbar([k * shift for k in mk], ys, yerr=[lo, hi], color=st.color, marker=st.marker,
+                        markersize=5.5, linestyle="none", markeredgecolor="white", markeredgewidth=0.6,
+                        elinewidth=1.0, capsize=2.5, zorder=4)
+            shown += [y - d for y, d in zip(ys, lo)] + [y + d for y, d in zip(ys, hi)]
         ax.set_xscale("log", base=2)
         if all_k:
-            ax.set_xticks(sorted(all_k))
-            ax.set_xticklabels([str(k) for k in sorted(all_k)])
+            ticks = _k_ticks(all_k)
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([str(k) for k in ticks])
+            ax.xaxis.set_minor_locator(NullLocator())
+            room = 2 ** (0.2 + DODGE * len(drawn) / 2)  # the dodged markers of K = 1 and K = M stay inside
+            ax.set_xlim(1 / room, max(all_k) * room)
+        if shown:
+            _percent_limits(ax, shown)
         ax.set_xlabel("K (samples)")
         ax.set_ylabel("Pass@K (%)")
         ax.set_title(label, fontsize=10)
@@ -175,10 +217,12 @@ def plot_profiles(panels: Mapping[str, Mapping[str, Mapping[int, Cell]]], method
     if title:
         fig.suptitle(title, fontsize=11)
     handles = _method_handles(methods, style, line=True)
-    if any(seeds.values()):
-        handles.append(Line2D([], [], color="#7f7f7f", linestyle=":", linewidth=0.7,
-                              label="one training seed (solid: mean over seeds; band: 95% CI)"))
-    _legend(fig, handles)
+    handles.append(Line2D([], [], color="#555555", marker="o", linestyle="none", markersize=5,
+                          label="markers: the tables' K, 95% interval"))
+    if seeded:
+        handles.append(Line2D([], [], color="#7f7f7f", linestyle=":", linewidth=0.9,
+                              label="one training seed (solid: mean over seeds)"))
+    _legend(fig, handles, ncol=len(handles) if len(panels) >= 3 else min(len(handles), 4))  # one row where it fits
     return _save(fig, path)
 
 
