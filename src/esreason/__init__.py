@@ -26,6 +26,9 @@ __version__ = "0.1.0"
 # GOMP_SPINCOUNT / OMP_WAIT_POLICY wins; when torch was imported first it is too late (the API warns).
 OPENMP_TOO_LATE = "torch" in _sys.modules and not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(_os.environ)
 _openmp.configure()
+# As the CLI: the tokenizers library's own thread pool stays off (it competes with torch's threads and
+# warns, then disables itself, when a process forks after using it). The user's setting wins.
+_os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _API = {
     "ESConfig": "esreason.api.config",
