@@ -143,10 +143,14 @@ def smoothed_cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def knots_interval(knots: tuple[np.ndarray, np.ndarray], level: float) -> tuple[float, float]:
-    """The equal-tailed ``level`` interval read off CDF knots ``(x, F)``."""
+    """The equal-tailed ``level`` interval read off CDF knots ``(x, F)``, clipped to the smallest and
+    largest atom: the continuity correction spreads the end atoms half a lattice step outward, which
+    with few problems put a Pass@K interval below 0 (4 problems: [-10.5, 76.2]); no replicate lies
+    there, and a proportion cannot. Clipping only shortens an end that lay outside every replicate."""
     xs, ps = knots
     lo, hi = np.interp([(1 - level) / 2, (1 + level) / 2], ps, xs)
-    return float(lo), float(hi)
+    first, last = (xs[0] + xs[1]) / 2, (xs[-2] + xs[-1]) / 2  # the end atoms (cdf_knots' half-steps undone)
+    return float(min(max(lo, first), last)), float(max(min(hi, last), first))
 
 
 def knots_p(knots: tuple[np.ndarray, np.ndarray]) -> float:
