@@ -233,6 +233,7 @@ def test_trl_loss_and_gradients_match_the_reference_per_variant(variant, base_se
         assert abs(other - parts.loss.item()) > 1e-3, (variant, t)
 
 
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_dr_grpo_trains_on_unscaled_advantages_and_logs_its_rollouts(base_setup, tmp_path):
     """Dr. GRPO's advantage is r - mean: our advantage override follows grpo.standardize_advantages, which the
     preset sets false (TRL's loss_type alone would keep its std scaling). Every update logs its rollouts."""
