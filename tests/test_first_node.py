@@ -29,7 +29,7 @@ from esreason.experiments.spec import load_spec
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "configs" / "experiments"
 SHIPPED = sorted(EXPERIMENTS.glob("*.yaml"))
-GPU_FILES = [p for p in SHIPPED if p.name != "demo.yaml"]  # demo.yaml is the CPU demo (no GPU plan)
+GPU_FILES = [p for p in SHIPPED if not p.name.startswith("demo")]  # demo*.yaml: CPU demos (no GPU plan)
 ENV = "ESREASON_HARD_GRPO_CHECKPOINT"
 
 

@@ -20,6 +20,7 @@ def test_easy_es_config_estimate_uses_the_gsm8k_schedule():
     est = estimate(ROOT / "configs/easy/es-qwen2.5-1.5b.yaml", length=512)
     assert (est.method, est.updates, est.prompts, est.samples) == ("es", 232, 64, 32)  # max_steps = GRPO's T
     assert est.flops == 2 * 232 * 32 * 64 * est.params * 512
+    assert est.rollouts == 232 * 32 * 64 and est.as_dict()["rollouts"] == est.rollouts  # responses beside FLOPs
     assert compare([est])["matched"] is False  # a single config is never "matched"
 
 

@@ -19,7 +19,7 @@ from esreason.experiments import plan_table as tab
 from esreason.experiments.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_FILES = sorted(p for p in (ROOT / "configs" / "experiments").glob("*.yaml") if p.name != "demo.yaml")
+GPU_FILES = sorted(p for p in (ROOT / "configs" / "experiments").glob("*.yaml") if not p.name.startswith("demo"))
 
 
 def _torch_reports(monkeypatch, name: str, gib: float, count: int = 8) -> None:

@@ -87,6 +87,7 @@ def trl_setup(tiny_model_dir, tmp_path_factory):
     from esreason.backends.hf import load_model
     from esreason.grpo.config import load_grpo_config
     from esreason.grpo.plan import plan_batches
+    from esreason.grpo.reward import trl_rewards
     from esreason.grpo.run import _build_dataset
     from esreason.grpo.trainer import PaperGRPOTrainer, build_trl_args, make_grpo_config
 
@@ -104,9 +105,11 @@ def trl_setup(tiny_model_dir, tmp_path_factory):
         recorded.append(out)
         return out
 
+    task = tasks.get(cfg.task)
+    _, _, rows = trl_rewards(problems, tok, task.scorer(cfg.grpo.format_reward, tok))  # prompt + problem_index
     trainer = PaperGRPOTrainer(model=model, reward_funcs=reward,
                                args=make_grpo_config(build_trl_args(cfg, plan, tmp_path_factory.mktemp("trl"))),
-                               train_dataset=_build_dataset(problems), processing_class=tok,
+                               train_dataset=_build_dataset(rows), processing_class=tok,
                                standardize_advantages=True)
     return trainer, model, tok, recorded, cfg
 

@@ -206,6 +206,12 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
 
             manifest["model"]["sha256_state_dict"] = hash_state_dict(model.state_dict())
         write_manifest(out, manifest)
+    from esreason.es.schedule import Schedule
+    from esreason.experiments.budget import record_in_manifest
+
+    t = cfg.train
+    updates = t.max_steps or Schedule(len(problems), t.batch_size, t.epochs, t.seed, t.stream_start).total_steps
+    record_in_manifest(out, cfg, model, updates=updates)  # planned rollouts, tokens, FLOPs (consumed: at the end)
     record_extension(out, cfg, check, start_step)
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
     truncate_after = (start_step if start_step else -1) if resume else None
@@ -231,6 +237,8 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
                 from esreason.es_loop.wandb_samples import es_completions
 
                 logger.sample = es_completions(trainer, sampler, cfg.logging.wandb.table_rows)
-            return trainer.train(start_step=start_step, progress=progress)
+            result = trainer.train(start_step=start_step, progress=progress)
+        record_in_manifest(out, cfg, model, updates=updates, finished=True)
+        return result
     finally:
         evaluator.close()

@@ -141,6 +141,7 @@ class ESTrainer:
             "time/restore": timings.get("restore", 0.0),
             "time/update": timings.get("update", 0.0),
             "time/step": step_time,
+            "rollouts": len(pop.seeds) * len(prompts),  # sampled responses the update used: N members x prompts
             "tokens": result.tokens,
             "tokens_per_s": result.tokens / max(step_time, 1e-9),
         }

@@ -135,6 +135,14 @@ class ExperimentFile:
     tasks_dir: str | None = None
     """Directory of task files (``*.yaml``, docs/custom-tasks.md), relative to the experiment file,
     registered before tasks are looked up: user tasks can be trained on and evaluated."""
+    variants: dict[str, Any] | None = None
+    """GRPO variants as methods (docs/grpo-variants.md): method name -> ``{preset, label, config, family}``
+    (``preset``: grpo, dr_grpo, dapo, bnpo, gspo; ``config``: an overlay on ``configs.grpo``; ``family``:
+    its claims against ES join the report's Holm family). The presets may also be listed in ``methods``
+    by name alone."""
+    match: Literal["flops", "rollouts"] = "flops"
+    """What the trained methods' budgets match (docs/budget.md): ``flops`` (the paper: every method the
+    same updates, N = 4G) or ``rollouts`` (GRPO's updates set so it samples as many responses as ES)."""
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,13 @@ class FlopEstimate:
     length: int
     flops: float
 
+    @property
+    def rollouts(self) -> int:
+        """Sampled responses over the T updates: T x N x D (ES) or T x B x G (GRPO) (docs/budget.md)."""
+        return self.updates * self.prompts * self.samples
+
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "rollouts": self.rollouts}
 
 
 def es_flops(T: int, N: int, D: int, P: int, L: int) -> float:
@@ -164,10 +169,11 @@ def measured_length(run_dir: str | Path) -> float | None:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = ["| config | method | T | B/D | G/N | P | L | FLOPs |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| config | method | T | B/D | G/N | P | L | FLOPs | rollouts |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for c in result["configs"]:
         lines.append(f"| {c['config']} | {c['method']} | {c['updates']} | {c['prompts']} | {c['samples']} | "
-                     f"{c['params']:,} | {c['length']} | {c['flops']:.4g} |")
+                     f"{c['params']:,} | {c['length']} | {c['flops']:.4g} | {c['rollouts']:,} |")
     if len(result["configs"]) > 1:
         lines.append("")
         lines.append(f"matched: {'yes' if result['matched'] else 'no'}")

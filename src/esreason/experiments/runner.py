@@ -3,7 +3,8 @@
 Experiment directory (the contract :mod:`esreason.report` reads)::
 
     EXP/experiment.yaml            the resolved spec (stage configs inlined); a rerun must match it
-    EXP/experiment.json            methods, their checkpoints, eval dirs, training metrics, timings
+    EXP/experiment.json            methods, their checkpoints, eval dirs, training metrics, timings; the budget
+                                   matched on and each method's planned and consumed rollouts, tokens, FLOPs
     EXP/runs/es/, runs/grpo/       ordinary ES / GRPO run directories
     EXP/runs/es_grpo/, grpo_es/    sequence directories (stage1_<m>/, stage2_<m>/, sequence.json)
     EXP/runs/<m>/done.json         written when a method's training finished (final checkpoint, hash)
@@ -44,7 +45,9 @@ KIND = "esreason-experiment"
 #: Spec keys every trained method depends on. A method's own run config is checked through its
 #: fingerprint in done.json (and by the run's --resume check while it is unfinished); evaluation
 #: changes are refused by the evaluation harness's manifest check.
-TRAINING_KEYS = ("model", "task", "updates", "data_dir")
+TRAINING_KEYS = ("model", "task", "updates", "data_dir", "match")
+#: A training key's value when the spec leaves it out (an experiment written before the key existed matches it).
+TRAINING_DEFAULTS = {"match": "flops"}
 
 
 def _plain(obj: Any) -> Any:
@@ -65,7 +68,10 @@ def check_same_spec(exp: Path, spec: ExperimentSpec) -> None:
         return
     current = _plain(spec.raw)
     for key in TRAINING_KEYS:
-        if _plain(stored.get(key)) != current.get(key):
+        old, now = _plain(stored.get(key)), current.get(key)
+        if key in TRAINING_DEFAULTS:
+            old, now = old or TRAINING_DEFAULTS[key], now or TRAINING_DEFAULTS[key]
+        if old != now:
             raise UserError(f"{exp} was created from a different experiment (key '{key}' differs from "
                             f"{stored_path}); write elsewhere (--output OTHER_DIR) or start over with "
                             f"'rm -r {exp}'")
@@ -81,8 +87,8 @@ def fingerprint(method: MethodSpec, spec: ExperimentSpec) -> str:
 
     from esreason.config_logging import without_logging
 
-    inputs = {"kind": method.kind, "updates": spec.updates,  # logging (W&B) does not change what is trained
-              "configs": {k: without_logging(_config_dict(getattr(spec, k))) for k in TRAINED[method.kind]}}
+    inputs = {"kind": method.kind, "updates": spec.method_updates(method),  # logging (W&B) does not change it
+              "configs": {k: without_logging(_config_dict(spec.stage_config(method, k))) for k in TRAINED[method.kind]}}
     return hashlib.sha256(json.dumps(_plain(inputs), sort_keys=True).encode()).hexdigest()
 
 
@@ -98,6 +104,7 @@ def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool, 
     from esreason.io.atomic import atomic_write_json
     from esreason.io.hashing import hash_directory_safetensors
 
+    method = spec.method(method.name)  # this spec's own (a seeded spec seeds the method's own config too)
     done = run / DONE_FILE
     key = fingerprint(method, spec)
     from esreason.io.verify import read_rebuildable
@@ -114,9 +121,10 @@ def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool, 
     if len(stages) == 1:
         from esreason.experiments.sequence import train_method
 
-        steps, final = train_method(method.kind, spec.es if method.kind == "es" else spec.grpo, run, progress)
-        if final is None or steps != spec.updates:
-            raise UserError(f"{method.name} in {run} ran {steps} updates, planned {spec.updates}")
+        planned = spec.method_updates(method)
+        steps, final = train_method(method.kind, spec.stage_config(method, method.kind), run, progress)
+        if final is None or steps != planned:
+            raise UserError(f"{method.name} in {run} ran {steps} updates, planned {planned}")
         training = [{"method": method.kind, "metrics": _rel(run / "metrics.jsonl", exp), "updates": steps,
                      "offset": 0}]
     else:
@@ -132,7 +140,7 @@ def _train(method: MethodSpec, spec: ExperimentSpec, exp: Path, progress: bool, 
                              "updates": r.updates, "offset": offset})
             offset += r.updates
     record = {"method": method.name, "fingerprint": key, "checkpoint": _rel(Path(final), exp),
-              "updates": spec.updates,
+              "updates": spec.method_updates(method),
               "sha256_tensors": hash_directory_safetensors(final), "training": training,
               "train_seconds": round(time.perf_counter() - t0, 1)}
     atomic_write_json(done, record)
@@ -171,6 +179,36 @@ def _evaluate(model: str, spec: ExperimentSpec, out: Path, progress: bool) -> fl
     return time.perf_counter() - t0
 
 
+def _add_budget(spec: ExperimentSpec, record: dict[str, Any], entries: dict[str, dict[str, Any]]) -> int | None:
+    """``record["budget"]`` (match, shared L, P, whether FLOPs and rollouts are equal) and every trained
+    method's ``planned`` budget and GRPO objective (:mod:`esreason.experiments.budget`); returns P."""
+    from esreason.experiments.budget import experiment_budget
+    from esreason.experiments.flops import count_parameters
+    from esreason.experiments.variants import method_record, method_stages
+
+    record["match"] = spec.match
+    stages = {m.name: method_stages(spec, m, TRAINED) for m in spec.methods if m.kind in TRAINED}
+    if not stages:
+        return None
+    params = count_parameters(spec.model)
+    length = (spec.es or spec.grpo).generation.max_new_tokens  # one shared L, the ES config's as the paper's
+    record["budget"], planned = experiment_budget(stages, length, params, spec.match)
+    for m in spec.methods:
+        if m.name in planned:
+            entries[m.name]["planned"] = planned[m.name]
+        if m.kind == "grpo":
+            entries[m.name].update(method_record(m, spec.stage_config(m, "grpo"), spec.method_updates(m)))
+    return params
+
+
+def _consumed(exp: Path, training: list[dict[str, Any]], params: int | None) -> dict[str, Any]:
+    """Rollouts, tokens and FLOPs at measured lengths a trained method consumed, from its stages' metrics."""
+    from esreason.experiments.budget import combine, consumed
+
+    parts = [consumed([exp / t["metrics"]], t["method"], params) for t in training]
+    return parts[0] if len(parts) == 1 else combine(parts)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentResult:
     output: Path
@@ -204,9 +242,10 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
     check_same_spec(exp, spec)
     from esreason.config_logging import with_wandb
 
+    from esreason.experiments.variants import map_configs
+
     # W&B (logging.wandb): every training stage in one group, the experiment's name unless a config names one
-    spec = dataclasses.replace(spec, es=with_wandb(spec.es, group=spec.name),
-                               grpo=with_wandb(spec.grpo, group=spec.name))
+    spec = map_configs(spec, lambda c: with_wandb(c, group=spec.name))
     exp.mkdir(parents=True, exist_ok=True)
     atomic_write_text(exp / SPEC_FILE, yaml.safe_dump(_plain(spec.raw), sort_keys=False, allow_unicode=True))
     if plan is not None:
@@ -229,6 +268,7 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
         record["flops"] = compare([estimate_config(spec.es, "es", length=length),
                                    estimate_config(spec.grpo, "grpo", length=length)])
     entries = {m.name: {"kind": m.kind, "label": m.label, "training": []} for m in spec.methods}
+    params = _add_budget(spec, record, entries)
     if spec.seeds is not None:
         record["seeds"] = list(spec.seeds)
     seeds: tuple[int | None, ...] = spec.seeds if spec.seeds is not None else (None,)
@@ -241,10 +281,10 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
         out: dict[str, Any] = {"eval": f"eval/{name}"}
         if m.kind in TRAINED:
             run = exp / "runs" / name
-            log(f"{what}: training ({spec.updates} updates) -> {run}")
+            log(f"{what}: training ({spec.method_updates(m)} updates) -> {run}")
             done = _train(m, spec if seed is None else spec.with_seed(seed), exp, progress, run)
             out.update(checkpoint=done["checkpoint"], training=done["training"],
-                       sha256_tensors=done["sha256_tensors"])
+                       sha256_tensors=done["sha256_tensors"], consumed=_consumed(exp, done["training"], params))
             model = str(exp / done["checkpoint"])
             record["timings"][f"train/{name}"] = done.get("train_seconds")
         else:
@@ -301,8 +341,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.wandb:  # --wandb PROJECT: every training stage logs to it
         from esreason.config_logging import with_wandb
 
-        spec = dataclasses.replace(spec, es=with_wandb(spec.es, project=args.wandb),
-                                   grpo=with_wandb(spec.grpo, project=args.wandb))
+        from esreason.experiments.variants import map_configs
+
+        spec = map_configs(spec, lambda c: with_wandb(c, project=args.wandb))
     output = Path(args.output) if args.output else Path("runs") / "experiments" / spec.name
     _memory_check(spec, args)
     if not args.force:  # the planned checkpoints and engine state against the free disk, before any stage

@@ -26,6 +26,8 @@ ES and GRPO run configs, the evaluation suites and the sampling protocol::
       pairs: [[demo-add, demo-sub]]   # train -> test pairs for the bar charts
     seeds: [0, 1, 2]                  # optional: train every trained method once per seed
     plan: {runaway_share: 0.01}       # optional: `experiment plan` assumptions (PlanSettings)
+    variants: {dapo: {family: true}}  # optional: GRPO variants as methods (experiments/variants.py)
+    match: flops                      # optional: flops (same T) or rollouts (GRPO's T set to ES's rollouts)
 
 Without ``seeds`` every trained method is trained once, with the ``train.seed`` of its run
 configs (today's layout: ``runs/<m>/``, ``eval/<m>/``). With ``seeds`` (``--set seeds=[0,1,2]``)
@@ -77,9 +79,17 @@ class MethodSpec:
     name: str
     label: str
     kind: str
-    """'base', 'checkpoint' (evaluated, not trained), 'es', 'grpo', 'es_grpo' or 'grpo_es'."""
+    """'base', 'checkpoint' (evaluated, not trained), 'es', 'grpo' (GRPO or a variant), 'es_grpo' or 'grpo_es'."""
     checkpoint: str | None = None
     """The model evaluated for 'base' and 'checkpoint' methods."""
+    config: Any = None
+    """A 'grpo' method's own GRPORunConfig (a variant, or GRPO under ``match: rollouts``); None: configs.grpo."""
+    updates: int | None = None
+    """This method's updates when they differ from the experiment's (``match: rollouts``); None: ``updates``."""
+    family: bool = False
+    """A variant whose claims against ES join the report's family (``variants.<name>.family``)."""
+    variant: bool = False
+    """A GRPO variant (:mod:`esreason.experiments.variants`): trained as 'grpo' from its own config."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,16 @@ class ExperimentSpec:
     subdirectories. None: one training run per method with its configs' own ``train.seed``."""
     plan: PlanSettings = field(default_factory=PlanSettings)
     """Assumptions of ``esreason experiment plan`` (key ``plan``)."""
+    match: str = "flops"
+    """What the methods' budgets match (key ``match``): 'flops' or 'rollouts' (:mod:`esreason.experiments.variants`)."""
+
+    def stage_config(self, method: MethodSpec, kind: str) -> Any:
+        """The run config ``method`` trains its ``kind`` stage with: its own, else the experiment's."""
+        return method.config if kind == "grpo" and method.config is not None else getattr(self, kind)
+
+    def method_updates(self, method: MethodSpec) -> int:
+        """T of ``method``: its own (``match: rollouts``), else the experiment's ``updates``."""
+        return self.updates if method.updates is None else method.updates
 
     def trained_kinds(self) -> set[str]:
         """The training kinds (``es``, ``grpo``) some method of this experiment runs."""
@@ -122,7 +142,8 @@ class ExperimentSpec:
         def _seeded(cfg: Any) -> Any:
             return None if cfg is None else replace(cfg, train=replace(cfg.train, seed=seed))
 
-        return replace(self, es=_seeded(self.es), grpo=_seeded(self.grpo))
+        return replace(self, es=_seeded(self.es), grpo=_seeded(self.grpo),
+                       methods=tuple(replace(m, config=_seeded(m.config)) for m in self.methods))
 
 
 def run_stages(spec: "ExperimentSpec") -> list[tuple[str, str, int]]:
@@ -136,7 +157,7 @@ def run_stages(spec: "ExperimentSpec") -> list[tuple[str, str, int]]:
     out: list[tuple[str, str, int]] = []
     for m in spec.methods:
         kinds = TRAINED.get(m.kind, ())
-        budgets = (spec.updates,) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
+        budgets = (spec.method_updates(m),) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
         prefixes = [f"seed{s}/" for s in spec.seeds] if (spec.seeds and kinds) else [""]
         for prefix in prefixes:
             for i, (kind, updates) in enumerate(zip(kinds, budgets), start=1):
@@ -296,14 +317,11 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
     _check_model(model, "model")
     _register_tasks_dir(data.get("tasks_dir"), base_dir)
     _tasks([task], "task")
-    methods = data["methods"]
-    if not isinstance(methods, (list, tuple)) or not methods:
-        raise ConfigError(f"config key 'methods': expected a list from {', '.join(METHODS)}, got {methods!r}")
-    for m in methods:
-        if m not in METHODS:
-            raise ConfigError(f"config key 'methods': unknown method {m!r}; choose from {', '.join(METHODS)}")
-    if len(set(methods)) != len(methods):
-        raise ConfigError(f"config key 'methods': listed twice: {methods}")
+    from esreason.experiments.variants import check_methods, parse_match, parse_variants, resolve_methods
+
+    methods = check_methods(data, METHODS)
+    variants = parse_variants(data.get("variants"), methods, METHODS)
+    labels = {**LABELS, **{n: v.label for n, v in variants.items()}}
     checkpoints = data.get("checkpoints") or {}
     if not isinstance(checkpoints, Mapping):
         raise ConfigError(f"config key 'checkpoints': expected a mapping method -> checkpoint, got {checkpoints!r}")
@@ -320,12 +338,12 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
         if m in checkpoints:
             entry = checkpoints[m]
             _check_model(entry["path"], f"checkpoints.{m}.path")
-            specs.append(MethodSpec(m, str(entry.get("label") or f"{LABELS[m]} (checkpoint)"), "checkpoint",
+            specs.append(MethodSpec(m, str(entry.get("label") or f"{labels[m]} (checkpoint)"), "checkpoint",
                                     str(entry["path"])))
         elif m == "base":
             specs.append(MethodSpec(m, LABELS[m], "base", model))
         else:
-            specs.append(MethodSpec(m, LABELS[m], m))
+            specs.append(MethodSpec(m, labels[m], "grpo" if m in variants else m, variant=m in variants))
     extra = sorted(set(checkpoints) - set(methods))
     if extra:
         raise ConfigError(f"config key 'checkpoints.{extra[0]}': method {extra[0]!r} is not in 'methods'")
@@ -366,12 +384,15 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
                               f"evaluated tasks {list(proto.tasks)}; got {p!r}")
         pairs.append((str(p[0]), str(p[1])))
     seeds = parse_seeds(data.get("seeds"))
+    match = parse_match(data.get("match"))
+    specs = resolve_methods(specs, variants, raw_cfgs.get("grpo"), stage_cfgs.get("es"), model, task, updates or 1,
+                            match)
     resolved = dict(data)
     resolved["configs"] = raw_cfgs
     return ExperimentSpec(name=name, model=model, task=task, updates=int(updates or 0), methods=tuple(specs),
                           es=stage_cfgs.get("es"), grpo=stage_cfgs.get("grpo"), eval=proto, pairs=tuple(pairs),
                           data_dir=data.get("data_dir"), raw=resolved, seeds=seeds,
-                          plan=_plan_settings(data.get("plan")))
+                          plan=_plan_settings(data.get("plan")), match=match)
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec:

@@ -3,6 +3,7 @@
 - :mod:`esreason.grpo.config`     GRPORunConfig and its sections; ``load_grpo_config``
 - :mod:`esreason.grpo.plan`       one update = one rollout batch; mapping onto TRL's batching
 - :mod:`esreason.grpo.objective`  reference group advantage and clipped objective (torch only)
+- :mod:`esreason.grpo.variants`   named variants (Dr. GRPO, DAPO, BNPO, GSPO) as config overlays
 - :mod:`esreason.grpo.reward`     the task verifier as a TRL reward function
 - :mod:`esreason.grpo.trainer`    TRL wiring (the only module importing trl)
 - :mod:`esreason.grpo.callbacks`  run-directory callbacks (metrics, held-out eval, checkpoints)

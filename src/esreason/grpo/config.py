@@ -39,10 +39,27 @@ class GRPOSettings:
     kl_ratio_correction: bool = False
     """Multiply the per-token k3 by the importance ratio (TRL's ``use_bias_correction_kl``, its
     default). Off: the plain k3 term verl adds (``low_var_kl``), which the paper's runs used."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "grpo"
+    """How the per-token losses of an optimizer step are aggregated (TRL 1.16 ``GRPOConfig.loss_type``;
+    formulas in :func:`esreason.grpo.objective.aggregate`). 'grpo' (the paper's Eq.
+    grpo-clipped-objective; verl's ``seq-mean-token-mean``): each response's token mean, then the mean over
+    responses. 'dr_grpo' (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783): token
+    sum / (responses x generation.max_new_tokens), no length normalisation; Dr. GRPO also drops the std of
+    the advantage, which is ``standardize_advantages: false``, not this key. 'dapo' (Yu et al. 2025, arXiv
+    2503.14476, Sec. 3.3 "Token-Level Policy Gradient Loss"; verl's ``token-mean``): token sum / the
+    rollout batch's tokens per optimizer step. 'bnpo': token sum / tokens of each micro-batch (TRL's own;
+    equal to 'dapo' when one micro-batch holds the whole optimizer step, else it depends on
+    ``micro_batch_size``)."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token (PPO/GRPO, the paper) or per response: exp of the response's mean log
+    ratio, clipped per response (GSPO: Zheng et al. 2025, arXiv 2507.18071, its ratio s_i; TRL 1.16
+    ``importance_sampling_level``). With one optimizer step per update the ratio is 1 either way."""
     epsilon: float = 0.2
     """Clip range: ratio clipped to [1 - epsilon, 1 + epsilon_high] (paper: symmetric 0.2)."""
     epsilon_high: float | None = None
-    """Upper clip range; None = epsilon (the paper's symmetric clip)."""
+    """Upper clip range; None = epsilon (the paper's symmetric clip). DAPO's "Clip-Higher" decouples it
+    (Yu et al. 2025, arXiv 2503.14476, Sec. 3.1: epsilon_low 0.2, epsilon_high 0.28; the same values in
+    verl's DAPO recipe, ``clip_ratio_low`` / ``clip_ratio_high``)."""
     format_reward: float = 0.1
     """Reward of a formatted but wrong response. Our choice for GRPO: the paper states the 0.1
     format reward for ES only; we give GRPO the same task rewards as ES (0 = plain correctness)."""
@@ -56,7 +73,8 @@ class GRPOSettings:
     train.batch_size / mini_batch_size optimizer steps. None = train.batch_size (one step)."""
     micro_batch_size: int = 2
     """Sequences per forward/backward pass (verl's PPO micro-batch; paper Easy: 2). Only
-    memory and speed depend on it, not the update."""
+    memory and speed depend on it, not the update (except with ``loss_type: bnpo``, whose normaliser is
+    the micro-batch's token count)."""
     weight_decay: float = 0.01
     """AdamW decoupled weight decay (unstated in the paper; verl's default)."""
     adam_beta1: float = 0.9
@@ -72,7 +90,11 @@ class GRPOSettings:
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
     """Schedule after warmup (verl's default: constant)."""
     mask_truncated_completions: bool = False
-    """Exclude responses cut at generation.max_new_tokens from the loss (DAPO); off in the paper."""
+    """Exclude responses cut at generation.max_new_tokens (no end-of-sequence token) from the loss: their
+    tokens leave the loss mask and, for 'dapo', its token count (TRL 1.16 ``mask_truncated_completions``).
+    DAPO's "Overlong Filtering" (Yu et al. 2025, arXiv 2503.14476, Sec. 3.4); off in the paper. DAPO's
+    final recipe shapes the reward of overlong responses instead (soft overlong punishment), which TRL 1.16
+    does not implement."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (saves memory on long responses)."""
     bf16: bool = False

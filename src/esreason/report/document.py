@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from esreason.report import markdown
+from esreason.report.budget import budget_md
 from esreason.report.timing import timing_md
 from esreason.report.compute import Parts
 from esreason.report.findings import Finding
@@ -158,7 +159,9 @@ def _mdd_md(exp: Experiment, parts: Parts) -> list[str]:
 def _test_text(f: Finding) -> str:
     d = f.decision
     if not d:
-        return "description (no interval)" if f.verdict != "not tested" else "–"
+        if f.verdict == "not tested":
+            return "–"
+        return "description (no interval)" if f.variance == "no interval" else "description (uncorrected, not in the family)"
     return f"family {d['rank']}/{d['family_size']}: p {d['p']:.2g}, Holm p {d['p_holm']:.2g}"
 
 
@@ -264,6 +267,7 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
                   f"LaTeX: [`{tex['below_base']}`]({tex['below_base']})", ""]
     else:
         lines += ["_Not available (needs a base method, a trained method and a K > 1)._", ""]
+    lines += budget_md(exp.root)
     lines += timing_md(exp.root)
     lines += ["## Notes", ""] + ([f"- {n}" for n in notes] or ["- none"]) + [""]
     return "\n".join(lines)

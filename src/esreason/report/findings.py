@@ -310,8 +310,9 @@ def apply_family(findings: Sequence[Finding]) -> list[Decision]:
 
 
 def all_findings(exp: Experiment, below: BelowBase | None, change: Table | None, panels: Sequence[ParetoPanel],
-                 curves: Curves | None) -> list[Finding]:
-    """Every claim, the family decided by Holm (:func:`apply_family`)."""
+                 curves: Curves | None, extra: Sequence[Finding] = ()) -> list[Finding]:
+    """Every claim, the family decided by Holm (:func:`apply_family`); ``extra``: further claims (the GRPO
+    variants', :mod:`esreason.report.variants`), family members where they carry a test."""
     ks = [k for k in exp.ks if k > 1]
     out = average_findings(exp, ks)
     out.append(below_base_finding(exp, below))
@@ -319,5 +320,6 @@ def all_findings(exp: Experiment, below: BelowBase | None, change: Table | None,
         out.append(heldout_change_finding(exp, change, max(ks)))
     out.append(pareto_finding(exp, panels))
     out.append(entropy_finding(exp, curves))
+    out += list(extra)
     apply_family(out)
     return out

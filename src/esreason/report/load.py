@@ -19,7 +19,8 @@ Method roles. The paper compares five methods (Tables ``tab:rq1-instruct-final``
 key when the key is one of those five (``base``, ``grpo``, ``es``, ``es_grpo``,
 ``grpo_es``), else its ``kind`` when that is one of them, else ``None`` (an extra row
 that takes part in the all-method marks but in no Base/GRPO/ES comparison). So a released
-checkpoint under the key ``grpo`` plays GRPO.
+checkpoint under the key ``grpo`` plays GRPO; a GRPO variant (``variant: true``, e.g. ``dapo``) plays
+none, and its claims against ES join the family when its entry says ``family: true``.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class Method:
     """Training seeds of a method trained with several (``experiment.json`` ``seeds``); then
     ``summary`` pools them (:func:`esreason.report.seeds.pooled_summary`) and ``training`` is the
     first seed's."""
+    variant: bool = False
+    """A GRPO variant (``experiment.json`` ``variant``): trained as GRPO, playing no role."""
+    family: bool = False
+    """A variant whose claims against ES are members of the report's family (``family``)."""
 
 
 @dataclass
@@ -346,7 +351,8 @@ def _parse_method(key: str, raw: Any, root: Path, path: Path, notes: list[str]) 
     label = raw.get("label", key)
     if not isinstance(label, str) or not label:
         raise UserError(f"{path}: {where}.label must be a non-empty string, got {label!r}")
-    role = key if key in ROLES else (kind if kind in ROLES else None)
+    variant = raw.get("variant") is True
+    role = key if key in ROLES else (kind if kind in ROLES and not variant else None)
     training = raw.get("training", []) or []
     if not isinstance(training, list):
         raise UserError(f"{path}: {where}.training must be a list, got {training!r}")
@@ -367,7 +373,7 @@ def _parse_method(key: str, raw: Any, root: Path, path: Path, notes: list[str]) 
         summary = _read_summary(eval_dir, f"evaluation summary of method {key!r} ({where}.eval)")
     checkpoint = raw.get("checkpoint")
     return Method(key, kind, label, role, str(checkpoint) if checkpoint is not None else None,
-                  eval_dir, stages, summary, seeds)
+                  eval_dir, stages, summary, seeds, variant, variant and raw.get("family") is True)
 
 
 def _read_summary(eval_dir: Path, what: str) -> dict[str, Any]:
