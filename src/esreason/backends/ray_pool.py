@@ -49,6 +49,7 @@ from esreason.backends.engine import (Engine, HFEngine, HFEngineOptions, MemberO
                                       state_key, write_once)
 from esreason.backends.engine_env import (engine_start_timeout, gpu_share, gpu_start_lock, local_state,
                                           pin_visible_gpu, ray_gpu_assignment)
+from esreason.backends.placement import engine_placement_group
 from esreason.backends.ray_connect import check_address, import_ray  # noqa: F401 (import_ray re-exported)
 from esreason.backends.sharded_update import ShardedUpdate
 from esreason.errors import UserError
@@ -224,12 +225,7 @@ class RayEnginePool:
                     f"({per:g} each) but the Ray cluster has {total:g}; lower backend.engines or add nodes")
 
     def _placement_group(self) -> Any:
-        from ray.util.placement_group import placement_group
-
-        bundle = {"CPU": float(self.cpus)}
-        if self.gpus:
-            bundle["GPU"] = float(self.gpus)
-        return placement_group([bundle], strategy="STRICT_PACK")
+        return engine_placement_group(self.cpus, self.gpus)
 
     def _start(self, count: int, state_ref: Any) -> list[_Slot]:
         """Place and start ``count`` engines from ``state_ref``; raises UserError if they do not fit."""
