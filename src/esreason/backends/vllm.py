@@ -89,15 +89,17 @@ class VLLMEngineOptions:
                    gpu_memory_utilization=split_utilization(cls.gpu_memory_utilization, per_gpu))
 
 
-def cpu_thread_binding(tensor_parallel_size: int, env: Any = os.environ) -> str | None:
+def cpu_thread_binding(tensor_parallel_size: int, env: Any = os.environ, numa_nodes: int | None = None) -> str | None:
     """vLLM's CPU build binds each TP rank's threads to its own NUMA node by default and refuses to
     start when the machine has fewer nodes than ranks ("Not enough allowed NUMA nodes to bind threads
     of 2 local CPUWorkers"). Unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, give each rank its own share
-    of this process's cores ("0|1"; "nobind" with fewer cores than ranks); returns what was set."""
+    of this process's cores ("0|1"; "nobind" with fewer cores than ranks); returns what was set.
+    ``numa_nodes``: the machine's NUMA nodes (None: counted under /sys/devices/system/node)."""
     if tensor_parallel_size <= 1 or env.get("VLLM_CPU_OMP_THREADS_BIND"):
         return None
-    nodes = [p for p in Path("/sys/devices/system/node").glob("node[0-9]*")] if Path("/sys/devices/system/node").is_dir() else []
-    if len(nodes) >= tensor_parallel_size:
+    if numa_nodes is None:
+        numa_nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*")))
+    if numa_nodes >= tensor_parallel_size:
         return None  # vLLM's own binding (one node per rank) works
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < tensor_parallel_size:
@@ -191,7 +193,9 @@ class VLLMEngine:
         if options.max_model_len is not None:
             kwargs["max_model_len"] = options.max_model_len
         if options.tensor_parallel_size > 1:
-            kwargs["tensor_parallel_size"] = options.tensor_parallel_size
+            # the workers run inside this process's GPUs (a Ray pool's bundle of TP GPUs): vLLM's own
+            # multiprocessing executor, never its Ray executor (backends/placement.py)
+            kwargs.update(tensor_parallel_size=options.tensor_parallel_size, distributed_executor_backend="mp")
             if self._cpu_platform():
                 cpu_thread_binding(options.tensor_parallel_size)
         kwargs.update(options.llm_kwargs)
