@@ -167,7 +167,7 @@ def _evaluate(model: str, spec: ExperimentSpec, out: Path, progress: bool) -> fl
              max_new_tokens=p.max_new_tokens, ks=p.ks, greedy=p.greedy, limit=p.limit, data_dir=spec.data_dir,
              seed=p.seed, batch_size=p.batch_size, progress=progress, device=device, dtype=dtype,
              ci_resamples=p.ci_resamples, backend=p.backend, engines=p.engines,
-             engines_per_gpu=p.engines_per_gpu)
+             engines_per_gpu=p.engines_per_gpu, tensor_parallel_size=p.tensor_parallel_size)
     return time.perf_counter() - t0
 
 

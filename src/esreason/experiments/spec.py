@@ -57,7 +57,7 @@ TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "confi
             "seeds", "plan")
 EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
              "limit", "batch_size", "seed", "ci_resamples", "backend", "engines",
-             "engines_per_gpu")
+             "engines_per_gpu", "tensor_parallel_size")
 EVAL_BACKENDS = ("hf", "vllm")
 
 
@@ -98,6 +98,9 @@ class EvalProtocol:
     """K evaluation engines share one GPU (Ray: 1/K of a GPU and 1/K of the engine's memory
     reservation each), so ``engines`` engines use ceil(engines / K) GPUs. Responses do not depend
     on it (per-request seeds)."""
+    tensor_parallel_size: int = 1
+    """GPUs per evaluation engine for ``backend: vllm`` (tensor parallelism: ``engines`` engines use
+    engines x tensor_parallel_size GPUs; docs/tensor-parallel.md)."""
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -300,6 +303,11 @@ def _eval_protocol(data: Any) -> EvalProtocol:
         raise ConfigError(f"config key 'eval.engines_per_gpu': {proto.engines_per_gpu} engines per GPU need "
                           f"eval.backend: vllm and eval.engines >= 2 (got backend {proto.backend!r}, "
                           f"engines {proto.engines})")
+    tp = proto.tensor_parallel_size
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or (tp > 1 and (
+            proto.backend != "vllm" or proto.engines_per_gpu > 1)):
+        raise ConfigError(f"config key 'eval.tensor_parallel_size': must be an integer >= 1, and > 1 only with "
+                          f"eval.backend: vllm and eval.engines_per_gpu: 1 (got {tp!r})")
     if proto.engines > 1 and proto.backend != "vllm":
         raise ConfigError(f"config key 'eval.engines': {proto.engines} engines need eval.backend: vllm "
                           f"(the hf sampler runs in one process)")
