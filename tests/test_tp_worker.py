@@ -117,6 +117,7 @@ def test_ranks_move_exactly_like_the_hf_policy(arch, tp, dtype, tmp_path):
             return sorted(f.keys())
 
     assert keys(out) == keys(tmp_path / "hf")  # per-expert checkpoint tensors, as save_pretrained writes
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "hf" / "model.safetensors").read_bytes()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (out / name).write_bytes((tmp_path / "hf" / name).read_bytes())
     exported, _ = load_model(str(out), dtype)

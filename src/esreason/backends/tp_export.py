@@ -5,8 +5,9 @@ in the checkpoint: stacked experts) writes its slots, by slot key, to ``es-rank{
 (and its fp32 masters to ``es-rank{r}.master.safetensors``; :meth:`ESWorkerExtension.es_export`).
 :func:`merge_rank_exports` rebuilds every ES tensor from the ranks' regions (a replicated tensor
 is taken from the first rank that has it), cuts it into the checkpoint's tensors
-(:mod:`esreason.backends.ckpt_layout`) and streams them into ``model.safetensors`` -- one ES tensor
-in host memory at a time -- then the masters into ``es_master/master.safetensors`` by ES name, as
+(:mod:`esreason.backends.ckpt_layout`) and streams them into ``model.safetensors`` in name order
+(the bytes :meth:`HFPolicy.save` writes) -- the ES tensors of one layer's experts, or one dense
+tensor, in host memory at a time -- then the masters into ``es_master/master.safetensors`` by ES name, as
 :meth:`HFPolicy.save` writes them. The rank files are removed.
 """
 
@@ -70,13 +71,19 @@ def merge_rank_exports(directory: str | Path, layouts: Sequence[Mapping[str, Any
         for s in slots:
             first.setdefault(s.hf_name, (path, s.key))
     dtype = {n: _dtype(*first[n]) for n in tensors}
-    specs = [(key, dtype[n], tuple(kshape)) for n in sorted(tensors) for key, _, kshape in tensors[n][1]]
-    writer = SafetensorsStreamWriter(out / WEIGHTS_FILE, specs)
+    # checkpoint tensors in name order, as safetensors' own writer stores one dtype (the same bytes
+    # as HFPolicy.save); an ES tensor is assembled once and dropped after its last checkpoint tensor
+    order = sorted((key, n, offset, tuple(kshape)) for n in tensors for key, offset, kshape in tensors[n][1])
+    last = {n: i for i, (_, n, _, _) in enumerate(order)}
+    writer = SafetensorsStreamWriter(out / WEIGHTS_FILE, [(key, dtype[n], kshape) for key, n, _, kshape in order])
+    held: dict[str, torch.Tensor] = {}
     try:
-        for n in sorted(tensors):
-            full = _assemble(n, tensors[n][0], dtype[n], files, ranks)
-            for key, offset, kshape in tensors[n][1]:
-                writer.write(key, full[offset:offset + math.prod(kshape)])
+        for i, (key, n, offset, kshape) in enumerate(order):
+            if n not in held:
+                held[n] = _assemble(n, tensors[n][0], dtype[n], files, ranks)
+            writer.write(key, held[n][offset:offset + math.prod(kshape)])
+            if last[n] == i:
+                del held[n]
     except BaseException:
         writer.abort()
         raise

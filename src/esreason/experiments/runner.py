@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -284,6 +285,9 @@ def _memory_check(spec: ExperimentSpec, args: argparse.Namespace) -> None:
     from esreason.experiments import memplan
 
     if args.force:
+        from esreason.experiments.launch import FORCE_ENV
+
+        os.environ[FORCE_ENV] = "1"  # the GRPO launcher's own fit check (launch.check_grpo_fits) too
         return
     if args.assume_gpu:
         name, gib = memplan.GPU_MEMORY_GIB[args.assume_gpu]
