@@ -15,7 +15,8 @@ twin checks what a TP engine on GPUs must do:
 - A small random Qwen3-MoE at TP = 2: the fused expert weights (w13 / w2, pre-packed for vLLM's
   CPU MoE kernel) carry the HF policy's stacked-expert directions: the checksum taken *while a
   member is applied* equals the reference's for the perturbed HF policy, the member's greedy
-  text equals the HF policy's, and update and export match the HF policy.
+  text equals the HF policy's, and the replicated and sharded updates and the export (merged from
+  the two ranks, byte-identical to ``HFPolicy.save``) match the HF policy.
 
 One subprocess of the vLLM interpreter runs all engines (``.venv-vllm/bin/python``, built by
 ``scripts/vllm-cpu-env.sh``, or ``ESREASON_VLLM_PYTHON``); measured numbers print as ``TP {...}``.
@@ -115,6 +116,11 @@ SCRIPT = textwrap.dedent('''
         res["restored"] = eng.checksum()
         res["norm"] = eng.apply_update([1, 2, 3], [0.5, -1.0, 0.25], 0.01)
         res["moved"] = eng.checksum()
+        # the sharded update's RPCs on both ranks: a group of one engine summing both of 2 shards
+        from esreason.backends.collective import GroupSpec
+        eng.join_group(GroupSpec("127.0.0.1", 0, "t", 0, 1))
+        res["sharded_norm"] = eng.apply_update_sharded([4, 5], [1.0, -0.5], 0.01, 2, [0, 1])
+        res["sharded"] = eng.checksum()
         eng.export(out)
         eng.close()
         res["seconds"] = time.time() - t0
@@ -226,6 +232,11 @@ def test_moe_fused_experts_move_with_the_hf_directions_at_tp2(tp_runs, tmp_path)
     policy.restore()
     assert policy.apply_update([1, 2, 3], [0.5, -1.0, 0.25], 0.01) == pytest.approx(moe["norm"], rel=1e-5)
     assert moe["moved"] == reference_checksum(policy, layouts)
+    from esreason.es.sharded import Sharding
+
+    assert policy.apply_update([4, 5], [1.0, -0.5], 0.01, Sharding.local(2)) == pytest.approx(moe["sharded_norm"],
+                                                                                             rel=1e-5)
+    assert moe["sharded"] == reference_checksum(policy, layouts) != moe["moved"]  # each rank's group: exact
     policy.save(tmp_path / "hf")
     assert (root / "moe-export" / "model.safetensors").read_bytes() == (tmp_path / "hf" / "model.safetensors").read_bytes()
     print("TP " + json.dumps({"moe_tp2_seconds": round(moe["seconds"], 1)}))
