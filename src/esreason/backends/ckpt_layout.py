@@ -98,6 +98,9 @@ def read_region(path: str | Path, tensor: ESTensor, region: Region | None) -> to
     Returns the local elements flat ([region.local_numel], the file's dtype). A region lies in one
     source (an expert's band never crosses into another projection); only its rows are read
     (``get_slice``: the rest of the file is not touched). The whole tensor concatenates its sources.
+    The file is opened per call: safetensors' tensors are views of its memory map, whose touched
+    pages count in the process's resident memory until the file is closed, so one file kept open
+    while an engine loads would hold every tensor it served (tests/test_engine_host_memory.py).
     """
     from safetensors import safe_open
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -318,21 +318,6 @@ class ESWorkerExtension:
         if self._es_active is not None:
             raise RuntimeError("es_load while a member is applied")
         return self._es_load(checkpoint_dir)
-
-
-def read_tensors(path: str | Path, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of ``names`` from safetensors file ``path``, one at a time, each file opened for
-    one tensor. safetensors 0.8's ``get_tensor`` returns a view of the file's memory map: the pages
-    it touches count in the process's resident memory until the file is closed, so one open file
-    read whole would hold every tensor it served (measured: tests/test_engine_host_memory.py).
-    Opening it per tensor re-reads its header (tens of KB) each time."""
-    from safetensors import safe_open
-
-    for name in names:
-        with safe_open(str(path), framework="pt") as f:
-            tensor = f.get_tensor(name)
-        yield name, tensor
-        del tensor
 
 
 def tp_position(model: torch.nn.Module) -> tuple[int, int]:
