@@ -51,3 +51,18 @@ def test_cpu_thread_binding_gives_each_rank_its_own_cores(monkeypatch):
     assert vb.cpu_thread_binding(1, {}, numa_nodes=1) is None
     monkeypatch.setattr(vb.os, "sched_getaffinity", lambda pid: {0})
     assert vb.cpu_thread_binding(2, {}, numa_nodes=1) == "nobind"
+
+
+def test_tensor_parallel_evaluation_needs_vllm_engines(tmp_path):
+    from pathlib import Path
+
+    from esreason.errors import UserError
+    from esreason.eval.harness import _backend_generator
+    from esreason.experiments.spec import load_spec
+
+    with pytest.raises(UserError, match="tensor_parallel_size=2 needs backend 'vllm'"):
+        _backend_generator("demo", "hf", 1, batch_size=8, dtype="float32", device=None, tensor_parallel_size=2)
+    demo = Path(__file__).resolve().parents[1] / "configs" / "experiments" / "demo.yaml"
+    with pytest.raises(ConfigError, match="eval.tensor_parallel_size': must be an integer >= 1, and > 1 only with"):
+        load_spec(demo, ["eval.tensor_parallel_size=2"])  # the demo evaluates on the HF sampler
+    assert load_spec(demo, ["eval.backend=vllm", "eval.tensor_parallel_size=2"]).eval.tensor_parallel_size == 2

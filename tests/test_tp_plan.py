@@ -90,7 +90,7 @@ def test_grpo_at_32b_does_not_fit_one_node_and_the_launcher_refuses_it(plans, mo
     stage = next(s for s in plans["32b"]["stages"] if s["name"] == "train/grpo")
     v = stage["memory"]["verdicts"]["h100"]
     role = stage["memory"]["roles"][0]["terms_gib"]
-    assert not v["fits"] and v["total_gib"] > 2 * H100[1]  # 236.7 GiB of 79.1 when this was written
+    assert not v["fits"] and v["total_gib"] > 2 * H100[1]  # the shipped plan: 236.7 GiB of 79.1
     assert role["parameters"] + role["gradients"] + role["optimizer"] > 0.9 * H100[1]  # FSDP's shards alone
     assert any(n.startswith("train/grpo: does not fit NVIDIA H100 80GB") for n in plans["32b"]["notes"])
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Where the population is evaluated (issue "Scale-out and speed"; docs/scale.md)."""
+    """Where the population is evaluated (docs/scale.md, docs/tensor-parallel.md)."""
 
     type: Literal["hf", "batched", "ray", "vllm"] = "hf"
     """hf: one in-process transformers model, members one at a time (the reference).
