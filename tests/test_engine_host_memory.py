@@ -4,7 +4,7 @@ At 7B every engine actor got the start state as Ray argument bytes (45.7 GB in i
 vLLM worker read both files whole (``load_file``) before copying the masters into its centre: about
 120 GB per engine. Now the pool writes the state once per node and passes its path
 (:class:`esreason.backends.engine.StateDir`), and the worker reads one tensor at a time
-(``vllm_worker.read_tensors``), so an engine holds its centre copy plus one tensor: the plan's
+(``ckpt_layout.read_region``), so an engine holds its centre copy plus one tensor: the plan's
 ``engine_start_host_bytes``.
 
 The measurement runs the worker's start (``ESWorkerExtension.es_setup``, the code a vLLM engine

@@ -20,7 +20,8 @@ from esreason.experiments.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "configs" / "experiments"
-EASY_MODELS = {"Qwen/Qwen2.5-1.5B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct"}
+EASY_MODELS = {"Qwen/Qwen2.5-1.5B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
+               "Qwen/Qwen2.5-14B-Instruct", "Qwen/Qwen2.5-32B-Instruct"}
 EASY_PROBLEMS = 1319 + 1221 + 7405 + 1000 + 198 + 257  # gsm8k, csqa, hotpotqa, countdown, gpqa, mbpp
 
 
@@ -39,10 +40,14 @@ def test_paper_configs_resolve_to_the_vllm_layouts():
     assert {s.model for n, s in specs.items() if n.startswith("easy")} == EASY_MODELS
     for name, spec in specs.items():
         es, grpo, ev = spec.es, spec.grpo, spec.eval
-        assert (es.backend.type, es.backend.engines, es.backend.update) == ("ray", 8, "sharded"), name
+        # every GPU of the node: engines x GPUs per engine (tensor parallel at 14B and 32B)
+        tp = es.backend.tensor_parallel_size
+        assert (es.backend.type, es.backend.engines * tp, es.backend.update) == ("ray", 8, "sharded"), name
         assert es.dtype == "bfloat16" and es.device == "cuda", name
         assert grpo.grpo.use_vllm and grpo.grpo.vllm_mode == "colocate" and grpo.device == "cuda", name
-        assert (ev.backend, ev.engines) == ("vllm", 8), name
+        assert (ev.backend, ev.engines * ev.tensor_parallel_size) == ("vllm", 8), name
+        assert tp == ev.tensor_parallel_size == {"Qwen/Qwen2.5-14B-Instruct": 2, "Qwen/Qwen2.5-32B-Instruct": 4}.get(
+            spec.model, 1), name
         assert es.model == grpo.model == spec.model, name
 
 

@@ -67,7 +67,10 @@ class _FakeLLM:
             self.weight = 0.0
         if self.eager:
             self.served = self.weight
-        return [{"master": False} if method == "es_setup" else None]
+        if method == "es_layout":  # one rank holding one whole tensor (vllm_worker.es_layout)
+            return [{"rank": 0, "size": 1, "slots": [["w", None]], "tensors": {"w": [[1], [["w", 0, [1]]]]},
+                     "master": False}]
+        return [{"master": False, "elements": 1} if method == "es_setup" else None]
 
     def generate(self, prompts, params, use_tqdm=False):
         lp = types.SimpleNamespace(logprob=-1.0 - self.served)

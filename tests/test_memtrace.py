@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,11 +129,16 @@ def test_architecture_files_give_the_known_parameter_counts():
         architecture("nope/nope")
 
 
+#: Shipped configs that do not fit one node of 8 x H100 (the plan says so with its numbers and the GRPO
+#: launcher refuses them: tests/test_tp_plan.py): full-parameter GRPO at 14B and 32B under FSDP.
+BEYOND_ONE_NODE = ("grpo-qwen2.5-14b.yaml", "grpo-qwen2.5-32b.yaml")
+
+
 def test_every_shipped_gpu_config_fits_an_h100_with_ten_percent_margin():
     gib = memplan.GPU_MEMORY_GIB["h100"][1]
     paths = sorted(glob.glob(str(ROOT / "configs" / "easy" / "*.yaml")) + glob.glob(str(ROOT / "configs" / "hard" / "*.yaml")))
-    assert len(paths) >= 9
-    for path in paths:
+    assert len(paths) >= 9 and all((ROOT / "configs" / "easy" / name).is_file() for name in BEYOND_ONE_NODE)
+    for path in (p for p in paths if os.path.basename(p) not in BEYOND_ONE_NODE):
         cfg = memplan.load_run_config(path)
         gpus = 1 if "1gpu" in path else 8
         roles = memplan.run_config_roles(cfg, gpus, gib)

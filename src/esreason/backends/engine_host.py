@@ -99,6 +99,10 @@ class EngineHost:
     def checksum(self) -> str:
         return self.engine.checksum()
 
+    def checksum_layout(self) -> Any:
+        """A tensor-parallel engine's rank layouts (:mod:`esreason.backends.tp_checksum`); None: whole tensors."""
+        return getattr(self.engine, "checksum_layout", lambda: None)()
+
     def noise_domain(self) -> str:
         return self.engine.noise_domain()
 

@@ -90,7 +90,8 @@ def _ray_generator(options: EvalEngineOptions, engines: int, tokenizer: Any, gpu
         raise UserError(f"--engines {engines}: {engines} vLLM evaluation engines need {engines * gpus:g} GPUs "
                         f"({gpus:g} each) but the Ray cluster has {have.get('GPU', 0.0):g}; lower --engines "
                         f"(eval.engines) or raise --engines-per-gpu (eval.engines_per_gpu)")
-    remote = ray.remote(EvalEngineHost).options(num_cpus=1, num_gpus=gpus, max_restarts=0, runtime_env=runtime_env)
+    cpus = max(1, options.tensor_parallel_size)  # a TP engine's workers are processes of its own
+    remote = ray.remote(EvalEngineHost).options(num_cpus=cpus, num_gpus=gpus, max_restarts=0, runtime_env=runtime_env)
     actors = [remote.remote(options) for _ in range(engines)]
 
     def close() -> None:
@@ -156,14 +157,16 @@ def engine_record(engine: Any) -> dict[str, Any]:
 
 def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dtype: str = "auto",
                          device: str | None = None, batch_size: int = 256, max_model_len: int | None = None,
-                         start_timeout_s: float | None = None,
-                         engines_per_gpu: int = 1) -> tuple[EngineGenerator, Any, dict[str, Any]]:
+                         start_timeout_s: float | None = None, engines_per_gpu: int = 1,
+                         tensor_parallel_size: int = 1) -> tuple[EngineGenerator, Any, dict[str, Any]]:
     """(generator, tokenizer, model description) like :func:`esreason.eval.harness.resolve_generator`.
 
     model: 'demo', a local model directory or a hub id (vLLM and transformers fetch it).
     engines: E >= 1 (E > 1: Ray actors; GPUs: one each, or 1/K of one with ``engines_per_gpu`` = K,
     each engine then reserving 1/K of ``gpu_memory_utilization``).
     dtype: the engines' and the scorer's weights; ``auto``: the model's own (bf16 for the paper's).
+    tensor_parallel_size: TP GPUs per vLLM engine (a Ray actor then holds all TP; its vLLM runs TP
+    workers; the scorer's copy is spread over them, backends/vllm_eval.py).
     start_timeout_s: None: the one engine start limit of every pool
     (:func:`esreason.backends.engine_env.engine_start_timeout`, ``ESREASON_ENGINE_START_TIMEOUT_S``).
     """
@@ -186,9 +189,14 @@ def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dt
     share = gpu_share(engines_per_gpu)
     if engines_per_gpu > 1 and engines < 2:
         raise UserError(f"--engines-per-gpu {engines_per_gpu} needs --engines >= 2 (got {engines})")
+    tp = tensor_parallel_size
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or (tp > 1 and (engines_per_gpu > 1 or kind != "vllm")):
+        raise UserError(f"--tensor-parallel-size must be an integer >= 1 for vLLM engines that do not share a GPU "
+                        f"(got {tp!r}, --engines-per-gpu {engines_per_gpu}, engine {kind})")
     path = resolve_model_path(str(model))
     options = EvalEngineOptions(model=path, kind=kind, dtype=dtype, device=device, batch_size=batch_size,
                                 max_model_len=max_model_len, enforce_eager=not torch.cuda.is_available(),
+                                tensor_parallel_size=tp,
                                 gpu_memory_utilization=split_utilization(
                                     EvalEngineOptions.gpu_memory_utilization, engines_per_gpu))
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -200,12 +208,15 @@ def build_eval_generator(model: str, *, engines: int = 1, kind: str = "vllm", dt
         generator.call_counters = lambda: [call_counters(engine)]
     else:
         on_gpu = kind == "vllm" and torch.cuda.is_available()
-        generator = _ray_generator(options, engines, tokenizer, share if on_gpu else 0.0, start_timeout_s,
-                                   gpus_if_declared=0.0 if on_gpu else share)
+        per = tp if tp > 1 else share  # an engine's GPUs: TP, or 1/K of one
+        generator = _ray_generator(options, engines, tokenizer, per if on_gpu else 0.0, start_timeout_s,
+                                   gpus_if_declared=0.0 if on_gpu else per)
     info["identity"] = generator.identity
     info["engines"] = generator.records  # what actually started, one record per engine
     if engines_per_gpu > 1:
         info["engines_per_gpu"] = engines_per_gpu
+    if tp > 1:
+        info["tensor_parallel_size"] = tp
     return generator, tokenizer, info
 
 

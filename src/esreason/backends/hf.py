@@ -103,6 +103,8 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu",
                run_device: str | None = None) -> tuple[Any, Any]:
     """Load (model, tokenizer) from 'demo', a local HF directory or a hub id; model in eval mode.
 
+    device: a torch device, or ``auto``: the layers spread over every visible GPU (accelerate's
+        ``device_map="auto"``; the scorer beside a tensor-parallel vLLM engine).
     run_device: where the model will run when that is not ``device`` (a GRPO process loads on the
         CPU and accelerate moves the model to its GPU); it picks the attention implementation: a
         model that runs on the CPU uses :mod:`esreason.backends.cpu_attention` (eager-style decode
@@ -121,13 +123,16 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu",
         if fsdp_broadcast_receiver():
             model = _empty_model(path, DTYPES[dtype])
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype],
+                                                         **({"device_map": "auto"} if device == "auto" else {}))
     except OSError as exc:
         raise UserError(f"cannot load model {spec!r}: {str(exc).splitlines()[0]}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    if not _loaded_on_meta(model):
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # placed by from_pretrained
+    elif not _loaded_on_meta(model):
         model.to(device)
     model.eval()
     cpu_attention.use_on(model, run_device or device)

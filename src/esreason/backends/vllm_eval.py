@@ -81,6 +81,9 @@ class EvalEngineOptions:
     sets it on machines without CUDA, where graphs do not apply)."""
     batch_size: int = 256
     """HF engine: sampler rows per forward (rows are sampled one seed at a time)."""
+    tensor_parallel_size: int = 1
+    """vLLM engine: GPUs it spans (tensor parallelism). The transformers scorer's copy is then spread
+    over the same GPUs layer by layer (``device_map="auto"``) instead of held whole on one."""
 
 
 def eos_ids(model_dir: str, tokenizer: Any) -> set[int]:
@@ -147,8 +150,17 @@ class VLLMEvalEngine:
                                       gpu_memory_utilization=options.gpu_memory_utilization)
         if options.max_model_len is not None:
             kwargs["max_model_len"] = options.max_model_len
+        device = options.device or _device()
+        if options.tensor_parallel_size > 1:
+            from esreason.backends.vllm import cpu_thread_binding
+
+            kwargs.update(tensor_parallel_size=options.tensor_parallel_size, distributed_executor_backend="mp")
+            if device == "cpu":
+                cpu_thread_binding(options.tensor_parallel_size)
+            if device.startswith("cuda"):
+                device = "auto"  # the scorer's layers spread over the engine's GPUs (load_model's device_map)
         self.llm = vllm.LLM(**kwargs)
-        model, tokenizer = load_model(options.model, dtype=options.dtype, device=options.device or _device())
+        model, tokenizer = load_model(options.model, dtype=options.dtype, device=device)
         self.model = model
         self.scorer = EntropyScorer(model)
         self.eos = eos_ids(options.model, tokenizer)

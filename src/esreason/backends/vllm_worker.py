@@ -31,6 +31,16 @@ tensor; in-place updates would not reach the packed copy. On CPU, :meth:`es_setu
 therefore re-materialises plain weights from the checkpoint and routes those layers
 through ``torch.nn.functional.linear``. GPU layers are left as vLLM built them.
 
+Tensor parallelism: each rank holds a shard of most tensors (:mod:`esreason.backends.vllm_layout`
+reads which from its layers) and moves it with exactly the unsharded directions
+(:mod:`esreason.es.region`). Checksums are per rank (:mod:`esreason.backends.tp_checksum` combines
+them and computes the reference's), export writes one file per rank that the engine merges into an
+HF checkpoint (:mod:`esreason.backends.tp_export`), and the sharded update's group is per rank:
+rank r of every engine all-reduces with rank r of the others. Mixture-of-experts models: ES moves
+transformers' stacked expert tensors, read from the per-expert checkpoint tensors
+(:mod:`esreason.backends.ckpt_layout`); vLLM on CPU pre-packs expert weights for its MoE kernel, so
+there the extension keeps plain expert tensors and re-packs them after every change.
+
 Only torch, safetensors, esreason's ES core and backend helpers are imported here (never vLLM), so the
 mapping logic is tested without vLLM.
 """
@@ -38,15 +48,17 @@ mapping logic is tested without vLLM.
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 
-from esreason.backends.engine import tensors_checksum
+from esreason.backends.ckpt_layout import ESTensor, Source, es_tensors, read_region
 from esreason.backends.hf import MASTER_FILE, master_file
+from esreason.backends.tp_checksum import rank_named
+from esreason.backends.tp_export import RANK_FILE, RANK_MASTER_FILE
+from esreason.backends.engine import tensors_checksum
+from esreason.backends.vllm_layout import Slot, fused_shape, module_spec, plan_slots, vllm_name  # noqa: F401
 from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
 from esreason.es.noise import generator_domain
 from esreason.es.sharded import Sharding
@@ -54,77 +66,6 @@ from esreason.es.sharded import Sharding
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
-
-#: HF projection -> (vLLM fused projection, position of its rows in the fused tensor).
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-_FUSED_RE = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def vllm_name(hf_name: str) -> tuple[str, int]:
-    """The vLLM parameter holding HF parameter ``hf_name`` and the position of its block."""
-    m = _FUSED_RE.search(hf_name)
-    if m is None:
-        return hf_name, 0
-    fused, pos = _FUSED[m.group(1)]
-    return hf_name[:m.start()] + f".{fused}." + hf_name[m.end():], pos
-
-
-@dataclass(frozen=True)
-class Slot:
-    """HF parameter ``hf_name`` (shape ``shape``) = rows [start, start + shape[0]) of ``vllm_name``."""
-
-    hf_name: str
-    vllm_name: str
-    start: int
-    shape: tuple[int, ...]
-
-    @property
-    def stop(self) -> int:
-        return self.start + self.shape[0]
-
-
-def plan_slots(hf_shapes: Mapping[str, Sequence[int]], vllm_shapes: Mapping[str, Sequence[int]]) -> list[Slot]:
-    """Where every HF parameter lives in the vLLM model, in HF name order.
-
-    Fused blocks are stacked in q, k, v / gate, up order. Raises ValueError when an HF
-    parameter has no vLLM counterpart, when blocks do not fit their vLLM parameter
-    (trailing dims equal, rows within bounds: the vocabulary may be padded), or when a
-    vLLM parameter is not covered by any HF parameter (its updates would be lost).
-    A vLLM shape with 0 rows (a CPU-packed weight) is sized from the HF blocks.
-    """
-    groups: dict[str, list[tuple[int, str]]] = {}
-    for name in hf_shapes:
-        target, pos = vllm_name(name)
-        if target not in vllm_shapes:
-            raise ValueError(f"HF parameter {name!r} has no vLLM parameter {target!r} "
-                             f"(vLLM has: {', '.join(sorted(vllm_shapes)[:8])}, ...)")
-        groups.setdefault(target, []).append((pos, name))
-    uncovered = sorted(set(vllm_shapes) - set(groups))
-    if uncovered:
-        raise ValueError(f"vLLM parameters without an HF counterpart: {uncovered}")
-    slots = []
-    for target, members in groups.items():
-        start = 0
-        vshape = tuple(vllm_shapes[target])
-        for _, name in sorted(members):
-            shape = tuple(int(d) for d in hf_shapes[name])
-            slots.append(Slot(name, target, start, shape))
-            start += shape[0]
-        rows = vshape[0] if vshape and vshape[0] else start
-        if any(tuple(hf_shapes[n])[1:] != vshape[1:] for _, n in members if vshape and vshape[0]) or start > rows:
-            raise ValueError(f"HF blocks {[n for _, n in sorted(members)]} do not fit vLLM parameter "
-                             f"{target!r} of shape {vshape}")
-    return sorted(slots, key=lambda s: s.hf_name)
-
-
-def fused_shape(slots: Sequence[Slot], target: str) -> tuple[int, ...]:
-    """Shape of vLLM parameter ``target`` rebuilt from its HF blocks (no padding)."""
-    mine = [s for s in slots if s.vllm_name == target]
-    return (max(s.stop for s in mine), *mine[0].shape[1:])
-
-
 def master_enabled(master_weights: str, dtype: torch.dtype) -> bool:
     """Same rule as HFPolicy: fp32 masters for 'fp32', or 'auto' with a low-precision model."""
     return master_weights == "fp32" or (master_weights == "auto" and dtype != torch.float32)
@@ -136,9 +77,10 @@ class ESWorkerExtension:
     # ------------------------------------------------------------------ set-up
 
     def es_setup(self, checkpoint_dir: str, restore: str = "exact", master_weights: str = "auto") -> dict[str, Any]:
-        """Bind HF names to the served model's parameters and load the checkpoint's weights.
+        """Bind the ES tensors to this rank's parameters and load the checkpoint's weights (this rank's shards).
 
-        Returns where the centre copy lives and how many elements ES moves.
+        Returns where the centre copy lives, how many elements ES moves (this rank's own, replicas
+        counted on rank 0) and the rank's tensor-parallel position.
         """
         from safetensors import safe_open
 
@@ -147,41 +89,58 @@ class ESWorkerExtension:
         model = self.get_model()
         params = _unique_parameters(model)
         with safe_open(str(Path(checkpoint_dir) / WEIGHTS_FILE), framework="pt") as f:
-            hf_shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        slots = plan_slots(hf_shapes, {n: tuple(p.shape) for n, p in params.items()})
-        self._es_slots = slots
+            tensors = es_tensors({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+        rank, size = tp_position(model)
+        specs = {name: module_spec(mod, rank, size) for name, mod in model.named_modules()
+                 if any(True for _ in mod.parameters(recurse=False))}
+        slots = plan_slots({n: t.shape for n, t in tensors.items()}, {n: tuple(p.shape) for n, p in params.items()},
+                           specs)
+        self._es_slots, self._es_tensors, self._es_tp = slots, tensors, (rank, size)
         self._es_restore = restore
         self._es_active: tuple[int, float] | None = None
         dtype = next(iter(params.values())).dtype
         self._es_master = master_enabled(master_weights, dtype)
+        self._es_packed: list[tuple[torch.Tensor, torch.Tensor, str]] = []
         if next(iter(params.values())).device.type == "cpu":
             _unpack_cpu_linears(model, slots)
         self._es_params = _unique_parameters(model)
+        if next(iter(params.values())).device.type == "cpu":
+            self._es_packed = _plain_cpu_experts(model, self._es_params)
         placement = self._es_load(checkpoint_dir)
-        return {"centre": placement, "elements": sum(_numel(s.shape) for s in slots), "tensors": len(slots),
-                "master": self._es_master, "dtype": str(dtype)}
+        owned = sum(s.region.local_numel if s.region is not None else _numel(s.shape) for s in slots if s.owner)
+        return {"centre": placement, "elements": owned, "tensors": len(slots),
+                "master": self._es_master, "dtype": str(dtype), "tp_rank": rank, "tp_size": size}
 
     def _es_view(self, slot: Slot) -> torch.Tensor:
-        return self._es_params[slot.vllm_name].data[slot.start:slot.stop]  # [*slot.shape] model dtype
+        data = self._es_params[slot.vllm_name].data
+        if slot.expert is not None:
+            data = data[slot.expert]  # one expert of a stacked [experts, rows, cols] parameter
+        return data[slot.start:slot.stop]  # [local rows, *local trailing] model dtype
+
+    def _es_sync(self) -> None:
+        """Re-pack the plain expert tensors into the CPU MoE kernel's layout (after any change)."""
+        for plain, packed, isa in getattr(self, "_es_packed", ()):
+            torch.ops._C.prepack_moe_weight(plain, packed, isa)
 
     def _es_load(self, checkpoint_dir: str) -> str:
-        """Copy HF weights (and fp32 masters) from ``checkpoint_dir`` into the model; retake the centre.
+        """Copy this rank's weights (and fp32 masters) from ``checkpoint_dir`` into the model; retake the centre.
 
-        Tensor by tensor (issue 35, item 5): ``load_file`` of the masters held the whole file (28.4
-        GiB at 7B) beside the centre copy it was copied into; now the host holds the centre copy
-        and one tensor of the file at a time (:func:`read_tensors`).
+        Slot by slot, each read for its rows only (:func:`~esreason.backends.ckpt_layout.read_region`):
+        the host holds the centre copy and one tensor (or shard) of the file at a time.
         """
-        slots = {s.hf_name: s for s in self._es_slots}
+        path = Path(checkpoint_dir) / WEIGHTS_FILE
         with torch.no_grad():
-            for name, t in read_tensors(Path(checkpoint_dir) / WEIGHTS_FILE, list(slots)):
-                copy_tensor(self._es_view(slots[name]), t)
+            for slot in self._es_slots:
+                copy_tensor(self._es_view(slot), read_region(path, self._es_tensors[slot.hf_name], slot.region)
+                            .view(self._es_view(slot).shape))
+        self._es_sync()
         master_path = master_file(checkpoint_dir) if self._es_master else None
         return self._es_snapshot(master_path)
 
     def _es_snapshot(self, master_path: Path | None = None) -> str:
         """Save the centre copy (fp32 masters or model dtype) on the device or in host memory (pinned
         on a GPU), filled tensor by tensor from ``master_path`` (else from the model's weights)."""
-        views = {s.hf_name: self._es_view(s) for s in self._es_slots}
+        views = {s.key: self._es_view(s) for s in self._es_slots}
         device = next(iter(views.values())).device
         item = 4 if self._es_master else next(iter(views.values())).element_size()
         need = sum(v.numel() for v in views.values()) * item
@@ -208,10 +167,14 @@ class ESWorkerExtension:
 
             self._es_arena = PinnedArena(specs, register=None if where == "pinned host memory" else False)
             centre = self._es_arena.tensors
-        source = read_tensors(master_path, list(views)) if master_path is not None else views.items()
         with torch.no_grad():
-            for name, t in source:
-                copy_tensor(centre[name], t)
+            for slot in self._es_slots:
+                if master_path is None:
+                    copy_tensor(centre[slot.key], views[slot.key])
+                else:  # the masters file holds the ES tensors by their own names
+                    shape = self._es_tensors[slot.hf_name].shape
+                    whole = ESTensor(slot.hf_name, shape, (Source(slot.hf_name, 0, shape),))
+                    copy_tensor(centre[slot.key], read_region(master_path, whole, slot.region).view(views[slot.key].shape))
         self._es_centre = centre if (self._es_restore == "exact" or self._es_master) else None
         log.info("es: centre copy (%.1f MiB) in %s", need / 2**20, where)
         return where
@@ -225,8 +188,10 @@ class ESWorkerExtension:
             raise RuntimeError("es_perturb called twice without es_restore")
         for slot in self._es_slots:
             # without masters the live view is the centre (bit-exact), so it is its own base
-            master = self._es_centre[slot.hf_name] if self._es_master else None
-            perturb_tensor(self._es_view(slot), slot.hf_name, int(seed), float(sigma), master=master)
+            master = self._es_centre[slot.key] if self._es_master else None
+            perturb_tensor(self._es_view(slot), slot.hf_name, int(seed), float(sigma), master=master,
+                           region=slot.region)
+        self._es_sync()
         self._es_active = (int(seed), float(sigma))
 
     @torch.no_grad()
@@ -238,29 +203,40 @@ class ESWorkerExtension:
         for slot in self._es_slots:
             view = self._es_view(slot)
             if self._es_restore == "exact":
-                copy_tensor(view, self._es_centre[slot.hf_name])
+                copy_tensor(view, self._es_centre[slot.key])
             else:
-                subtract_tensor(view, slot.hf_name, seed, sigma)
+                subtract_tensor(view, slot.hf_name, seed, sigma, region=slot.region)
+        self._es_sync()
         self._es_active = None
 
     @torch.no_grad()
     def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
                   sharding: Sharding | None = None) -> float:
-        """centre += alpha/N sum_i w_i eps(seeds_i) (fp32 on the device); returns ||delta applied||_2."""
+        """centre += alpha/N sum_i w_i eps(seeds_i) (fp32 on the device); returns ||delta applied||_2 over
+        this rank's own elements (the engine adds the ranks' squares)."""
         if self._es_active is not None:
             raise RuntimeError("es_update while a member is applied")
         sq = None  # float64 scalar on the device: one host sync per update, not one per tensor
         for slot in self._es_slots:
-            centre = None if self._es_centre is None else self._es_centre[slot.hf_name]
+            centre = None if self._es_centre is None else self._es_centre[slot.key]
             part = update_tensor(self._es_view(slot), slot.hf_name, seeds, weights, alpha,
                                  master=centre if self._es_master else None,
-                                 centre=None if self._es_master else centre, sharding=sharding)
-            sq = part if sq is None else sq + part
+                                 centre=None if self._es_master else centre, sharding=sharding, region=slot.region)
+            if slot.owner:
+                sq = part if sq is None else sq + part
+        self._es_sync()
         return 0.0 if sq is None else float(sq) ** 0.5
 
     def es_join_group(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float) -> None:
-        """Join the pool's process group for the sharded update (:mod:`esreason.backends.collective`)."""
+        """Join the pool's process group for the sharded update (:mod:`esreason.backends.collective`).
+
+        With tensor parallelism each rank joins its own group (``prefix/tp{r}``): rank r of every
+        engine holds the same shards, so their pieces match one for one."""
         from esreason.backends.collective import EngineGroup, GroupSpec
+
+        tp_rank, tp_size = getattr(self, "_es_tp", (0, 1))
+        if tp_size > 1:
+            prefix = f"{prefix}/tp{tp_rank}"
 
         old = getattr(self, "_es_group", None)
         self._es_group = None
@@ -296,28 +272,45 @@ class ESWorkerExtension:
             torch.cuda.reset_peak_memory_stats(device)
 
     def es_checksum(self) -> str:
-        """Same digest as ``policy_checksum`` of an HFPolicy holding the same centre."""
-        named = [(s.hf_name, self._es_view(s)) for s in self._es_slots]
-        if self._es_master:
-            named += [(f"master:{n}", t) for n, t in self._es_centre.items()]
-        return tensors_checksum(named)
+        """This rank's digest. With whole tensors (TP = 1) it is ``policy_checksum`` of an HFPolicy holding
+        the same centre; shards are hashed under their slot keys (:mod:`esreason.backends.tp_checksum`)."""
+        masters = self._es_centre if self._es_master else None
+        return tensors_checksum(rank_named(self._es_slots, self._es_view, masters))
+
+    def es_layout(self) -> dict[str, Any]:
+        """This rank's slots and the ES tensors, as plain data (the engine's checksum reference and export merge)."""
+        slots = [[s.hf_name, None if s.region is None else
+                  [s.region.numel, s.region.width, *s.region.rows, *s.region.cols, s.region.offset]]
+                 for s in self._es_slots]
+        tensors = {n: [list(t.shape), [[src.key, src.offset, list(src.shape)] for src in t.sources]]
+                   for n, t in self._es_tensors.items()}
+        return {"rank": self._es_tp[0], "size": self._es_tp[1], "slots": slots, "tensors": tensors,
+                "master": bool(self._es_master)}
 
     def es_export(self, directory: str) -> list[str]:
-        """Write the centre as HF ``model.safetensors`` (+ the fp32 masters, ``MASTER_FILE``); returns file names."""
+        """Write the centre as HF ``model.safetensors`` (+ the fp32 masters, ``MASTER_FILE``); returns file names.
+
+        A rank holding shards, or a model whose checkpoint stores its ES tensors differently (stacked
+        experts), writes its slots to ``RANK_FILE`` (+ ``RANK_MASTER_FILE``) instead, by slot key; the
+        engine merges the ranks' files into the checkpoint (:mod:`esreason.backends.tp_export`)."""
         from safetensors.torch import save_file
 
         if self._es_active is not None:
             raise RuntimeError("es_export while a member is applied")
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        save_file({s.hf_name: self._es_view(s).detach().cpu().contiguous() for s in self._es_slots},
-                  str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-        files = [WEIGHTS_FILE]
+        direct = all(s.region is None for s in self._es_slots) and all(t.plain for t in self._es_tensors.values())
+        rank = self._es_tp[0]
+        weights = WEIGHTS_FILE if direct else RANK_FILE.format(rank=rank)
+        masters = MASTER_FILE if direct else RANK_MASTER_FILE.format(rank=rank)
+        save_file({(s.hf_name if direct else s.key): self._es_view(s).detach().cpu().contiguous()
+                   for s in self._es_slots}, str(out / weights), metadata={"format": "pt"})
+        files = [weights]
         if self._es_master:
-            (out / MASTER_FILE).parent.mkdir(parents=True, exist_ok=True)
+            (out / masters).parent.mkdir(parents=True, exist_ok=True)
             save_file({n: t.detach().cpu().contiguous() for n, t in self._es_centre.items()},
-                      str(out / MASTER_FILE), metadata={"format": "pt"})
-            files.append(MASTER_FILE)
+                      str(out / masters), metadata={"format": "pt"})
+            files.append(masters)
         return files
 
     def es_load(self, checkpoint_dir: str) -> str:
@@ -327,19 +320,36 @@ class ESWorkerExtension:
         return self._es_load(checkpoint_dir)
 
 
-def read_tensors(path: str | Path, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of ``names`` from safetensors file ``path``, one at a time, each file opened for
-    one tensor. safetensors 0.8's ``get_tensor`` returns a view of the file's memory map: the pages
-    it touches count in the process's resident memory until the file is closed, so one open file
-    read whole would hold every tensor it served (measured: tests/test_engine_host_memory.py).
-    Opening it per tensor re-reads its header (tens of KB) each time."""
-    from safetensors import safe_open
+def tp_position(model: torch.nn.Module) -> tuple[int, int]:
+    """(rank, size) of this worker in its engine's tensor-parallel group, read from the layers
+    (``tp_rank`` / ``tp_size``, set by vLLM's parallel layers); (0, 1) without tensor parallelism."""
+    for mod in model.modules():
+        size = int(getattr(mod, "tp_size", 1) or 1)
+        if size > 1 and hasattr(mod, "tp_rank"):
+            return int(mod.tp_rank), size
+    return 0, 1
 
-    for name in names:
-        with safe_open(str(path), framework="pt") as f:
-            tensor = f.get_tensor(name)
-        yield name, tensor
-        del tensor
+
+def _plain_cpu_experts(model: torch.nn.Module, params: dict[str, torch.nn.Parameter]) -> list:
+    """vLLM's CPU MoE kernel pre-packs ``w13_weight`` / ``w2_weight`` into its grouped-GEMM layout
+    (same shape, other element order), so writing plain values into them would scramble the
+    experts. For each such layer, ``params`` gets a plain tensor of the same shape under the
+    parameter's name (ES moves it) and the returned (plain, packed, isa) triples are re-packed after
+    every change (:meth:`ESWorkerExtension._es_sync`). Layers the kernel does not pack are left alone."""
+    out = []
+    for name, mod in model.named_modules():
+        if not hasattr(mod, "w13_weight"):
+            continue
+        experts = getattr(getattr(getattr(mod, "quant_method", None), "moe_kernel", None), "fused_experts", None)
+        isa = getattr(experts, "isa", None)
+        if isa is None or getattr(experts, "_use_zentorch", False):
+            continue
+        for leaf in ("w13_weight", "w2_weight"):
+            packed = getattr(mod, leaf)
+            plain = torch.zeros_like(packed.data)  # filled from the checkpoint by _es_load
+            params[f"{name}.{leaf}"] = torch.nn.Parameter(plain, requires_grad=False)
+            out.append((plain, packed.data, str(isa)))
+    return out
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -21,6 +21,11 @@ most BLOCK_ELEMENTS elements -- all of the embedded default's -- are never cut).
 Masters: ``master`` is an fp32 copy of the centre (on the device, or in pinned host memory
 for the vLLM worker when the device has no room; then each piece is copied to the device
 once per operation). Without masters the model-dtype tensor is its own centre base.
+
+Shards: with ``region`` (:class:`~esreason.es.region.Region`) ``p`` is a tensor-parallel shard of
+the full tensor ``name``; its pieces are its parts of the full tensor's noise blocks and it gets
+exactly the full tensor's direction elements, so every operation on a shard equals the same
+operation on the full tensor, sliced, bit for bit (elementwise arithmetic). Dense directions only.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from esreason.es.cache import DirectionCache
 from esreason.es.lowrank import cached_factors, row_chunks, stacked_factors
 from esreason.es.noise import block_spans
+from esreason.es.region import Region
 from esreason.es.sharded import Sharding, sharded_update_pieces
 from esreason.es.update import block_direction, update_block
 
@@ -49,13 +55,30 @@ def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device, non_blocking=False)
 
 
+def _local_region(p: torch.Tensor, rank: int | None, region: Region | None) -> Region | None:
+    """``region`` when ``p`` is a shard (checked against p), None for a whole tensor."""
+    if region is None or region.is_whole:
+        return None
+    if rank is not None:
+        raise ValueError("low-rank directions are not defined on tensor-parallel shards (es.perturbation=full)")
+    if p.numel() != region.local_numel:
+        raise ValueError(f"shard of {p.numel()} elements does not match its region of {region.local_numel}")
+    return region
+
+
 def noise_pieces(p: torch.Tensor, name: str, seed: int, scale: float, rank: int | None,
-                 cache: DirectionCache | None = None) -> Iterator[tuple[int, int, torch.Tensor | None, tuple]]:
+                 cache: DirectionCache | None = None,
+                 region: Region | None = None) -> Iterator[tuple[int, int, torch.Tensor | None, tuple]]:
     """(start, stop, eps piece or None, low-rank operands) over the flattened ``p``.
 
-    Dense: eps block [stop - start] fp32. Low-rank: (A rows [r, r_W], B [n, r_W], alpha) for
-    ``addmm``, with eps None.
+    Dense: eps block [stop - start] fp32 (a shard's part of it with ``region``). Low-rank:
+    (A rows [r, r_W], B [n, r_W], alpha) for ``addmm``, with eps None.
     """
+    region = _local_region(p, rank, region)
+    if region is not None:
+        for b, size, lo, hi in region.pieces():
+            yield lo, hi, region.take(block_direction(seed, name, b, size, p.device, cache), b, lo, hi), ()
+        return
     if rank is None:
         for b, start, stop in block_spans(p.numel()):
             yield start, stop, block_direction(seed, name, b, stop - start, p.device, cache), ()
@@ -78,11 +101,12 @@ def _plus_noise(base: torch.Tensor, eps: torch.Tensor | None, lowrank: tuple, sc
 
 @torch.no_grad()
 def perturb_tensor(p: torch.Tensor, name: str, seed: int, sigma: float, *, rank: int | None = None,
-                   master: torch.Tensor | None = None, cache: DirectionCache | None = None) -> None:
+                   master: torch.Tensor | None = None, cache: DirectionCache | None = None,
+                   region: Region | None = None) -> None:
     """p <- round(base_fp32 + sigma * E(seed, name)); base = ``master`` if given, else p itself."""
     flat = _flat(p)
     mflat = None if master is None else _flat(master)
-    for start, stop, eps, lowrank in noise_pieces(p, name, seed, sigma, rank, cache):
+    for start, stop, eps, lowrank in noise_pieces(p, name, seed, sigma, rank, cache, region):
         piece = flat[start:stop]
         if mflat is not None:
             piece.copy_(_plus_noise(_on(mflat[start:stop], p.device), eps, lowrank, sigma))  # one rounding
@@ -97,10 +121,10 @@ def perturb_tensor(p: torch.Tensor, name: str, seed: int, sigma: float, *, rank:
 
 @torch.no_grad()
 def subtract_tensor(p: torch.Tensor, name: str, seed: int, sigma: float, *, rank: int | None = None,
-                    cache: DirectionCache | None = None) -> None:
+                    cache: DirectionCache | None = None, region: Region | None = None) -> None:
     """p <- round(p_fp32 - sigma * E(seed, name)): the paper artifact's inverse (not exact)."""
     flat = _flat(p)
-    for start, stop, eps, lowrank in noise_pieces(p, name, seed, -sigma, rank, cache):
+    for start, stop, eps, lowrank in noise_pieces(p, name, seed, -sigma, rank, cache, region):
         piece = flat[start:stop]
         piece.copy_(_plus_noise(piece.to(_F32), eps, lowrank, -sigma))
 
@@ -144,9 +168,14 @@ def copy_tensor(p: torch.Tensor, source: torch.Tensor) -> None:
 
 
 def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float,
-                   rank: int | None, cache: DirectionCache | None,
-                   device: torch.device) -> Iterator[tuple[int, int, torch.Tensor]]:
+                   rank: int | None, cache: DirectionCache | None, device: torch.device,
+                   region: Region | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(start, stop, delta piece fp32 [stop - start] on ``device``) of alpha/N sum_i w_i E_i over the flattened ``p``."""
+    if region is not None:
+        for b, size, lo, hi in region.pieces():
+            yield lo, hi, update_block(name, b, size, seeds, weights, alpha, device=device, cache=cache,
+                                       piece=(region, lo, hi))
+        return
     if rank is None:
         for b, start, stop in block_spans(p.numel()):
             yield start, stop, update_block(name, b, stop - start, seeds, weights, alpha, device=device, cache=cache)
@@ -166,7 +195,7 @@ def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Se
 def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float, *,
                   rank: int | None = None, master: torch.Tensor | None = None, centre: torch.Tensor | None = None,
                   cache: DirectionCache | None = None, sharding: Sharding | None = None,
-                  noise_device: torch.device | str | None = None) -> torch.Tensor:
+                  noise_device: torch.device | str | None = None, region: Region | None = None) -> torch.Tensor:
     """centre += alpha / N * sum_i w_i E(seeds_i), in one pass over ``p``'s pieces.
 
     With ``master`` (fp32) the master receives the delta and p = round(master); without,
@@ -176,15 +205,17 @@ def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Seq
     ``noise_device``: draw and sum the directions there and bring each delta piece to ``p``
     (a host-resident centre that moves exactly as GPU engines' centres do: the fp32 addition
     and the one rounding are exactly rounded on every device). Default: ``p.device``.
+    ``region``: ``p`` is a tensor-parallel shard of ``name`` (module docstring).
     Returns the float64 scalar sum of squared applied changes (after rounding) on p's
     device: one host sync per update for the caller, not one per tensor.
     """
     device = p.device if noise_device is None else torch.device(noise_device)
+    region = _local_region(p, rank, region)
     if sharding is None:
-        pieces = _update_pieces(p, name, seeds, weights, alpha, rank, cache, device)
+        pieces = _update_pieces(p, name, seeds, weights, alpha, rank, cache, device, region)
     else:
         pieces = sharded_update_pieces(p, name, seeds, weights, alpha, sharding, rank=rank, cache=cache,
-                                       device=device)
+                                       device=device, region=region)
     flat = _flat(p)
     mflat = None if master is None else _flat(master)
     cflat = None if centre is None else _flat(centre)

@@ -52,6 +52,7 @@ import torch
 from esreason.es.cache import DirectionCache
 from esreason.es.lowrank import row_chunks, stacked_factors
 from esreason.es.noise import block_spans
+from esreason.es.region import Region
 from esreason.es.update import weighted_block_sum
 
 #: Strict upper bound on |eps| of any fp32 torch.randn draw (see the module docstring).
@@ -123,18 +124,24 @@ def _shard_weights(seeds: Sequence[int], weights: Sequence[float], num_shards: i
 
 def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float],
                           alpha: float, sharding: Sharding, *, rank: int | None = None,
-                          cache: DirectionCache | None = None,
-                          device: torch.device | str | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
+                          cache: DirectionCache | None = None, device: torch.device | str | None = None,
+                          region: Region | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(start, stop, delta piece fp32) of alpha/N * S over the flattened ``p`` (S: module docstring).
 
     Pieces are the noise blocks of a dense direction, or row chunks of a low-rank matrix
     (``rank`` = r_W), in the same order on every engine: each piece is one collective.
     ``device``: where directions are drawn and pieces computed (default ``p.device``).
+    ``region``: ``p`` is a tensor-parallel shard of ``name`` (:mod:`esreason.es.region`): its pieces
+    are its parts of the full tensor's blocks, one collective each; quantizing, the integer sum and
+    dequantizing are elementwise, so a shard gets the slice of the unsharded result bit for bit
+    (the engines' group for a shard is the same rank of every engine: same pieces, same order).
     """
     if len(seeds) != len(weights):
         raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
     device = p.device if device is None else torch.device(device)
-    if rank is None:
+    if region is not None:
+        spans = [(lo, hi, (b, size, lo, hi)) for b, size, lo, hi in region.pieces()]
+    elif rank is None:
         spans = [(start, stop, b) for b, start, stop in block_spans(p.numel())]
     else:
         m, n = int(p.shape[0]), int(p.shape[1])
@@ -150,6 +157,9 @@ def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weig
 
     def scaled_partial(k: int, where: Any, size: int) -> torch.Tensor | None:
         """Shard k's piece of sum_i (w_i 2**s) E_i: [size] fp32 (None: a low-rank shard with no weight)."""
+        if region is not None:  # where = (block, its size, local start, local stop)
+            return weighted_block_sum(name, where[0], where[1], *shards[k], device=device, cache=cache,
+                                      piece=(region, where[2], where[3]))
         if rank is None:
             return weighted_block_sum(name, where, size, *shards[k], device=device, cache=cache)
         if factors[k] is None:

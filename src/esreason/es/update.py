@@ -20,6 +20,10 @@ import torch
 
 from esreason.es.cache import DirectionCache
 from esreason.es.noise import block_spans, direction_block, numel_of
+from esreason.es.region import Region
+
+#: A shard's part of one noise block: (region, local start, local stop) (:meth:`Region.pieces`).
+Piece = tuple[Region, int, int]
 
 
 def block_direction(seed: int, name: str, block: int, size: int, device: torch.device | str,
@@ -32,25 +36,32 @@ def block_direction(seed: int, name: str, block: int, size: int, device: torch.d
 
 
 def weighted_block_sum(name: str, block: int, size: int, seeds: Sequence[int], weights: Sequence[float], *,
-                       device: torch.device | str = "cpu", cache: DirectionCache | None = None) -> torch.Tensor:
-    """sum_i weights_i * eps(seeds_i, name)[block] as float32 [size] on ``device``.
+                       device: torch.device | str = "cpu", cache: DirectionCache | None = None,
+                       piece: Piece | None = None) -> torch.Tensor:
+    """sum_i weights_i * eps(seeds_i, name)[block] as float32 [size] on ``device``; with ``piece``
+    only a shard's elements of the block, [stop - start] (each block drawn whole, then sliced:
+    the same per-element arithmetic, so the shard's sum is the slice of the whole block's).
 
     Members with weight exactly 0 contribute nothing and are skipped (an all-equal
     population therefore costs no noise generation at all).
     """
-    acc = torch.zeros(size, dtype=torch.float32, device=device)  # [size] fp32 accumulator
+    out = size if piece is None else piece[2] - piece[1]
+    acc = torch.zeros(out, dtype=torch.float32, device=device)  # [out] fp32 accumulator
     for seed, w in zip(seeds, weights):
         if w != 0.0:
-            acc.add_(block_direction(seed, name, block, size, device, cache), alpha=float(w))
+            eps = block_direction(seed, name, block, size, device, cache)  # [size] fp32
+            acc.add_(eps if piece is None else piece[0].take(eps, block, piece[1], piece[2]), alpha=float(w))
     return acc
 
 
 def update_block(name: str, block: int, size: int, seeds: Sequence[int], weights: Sequence[float], alpha: float, *,
-                 device: torch.device | str = "cpu", cache: DirectionCache | None = None) -> torch.Tensor:
-    """alpha / N * sum_i w_i eps_i[block]: float32 [size] on ``device``; N = len(seeds)."""
+                 device: torch.device | str = "cpu", cache: DirectionCache | None = None,
+                 piece: Piece | None = None) -> torch.Tensor:
+    """alpha / N * sum_i w_i eps_i[block]: float32 [size] (or a shard's ``piece`` of it) on ``device``; N = len(seeds)."""
     if len(seeds) != len(weights):
         raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
-    return weighted_block_sum(name, block, size, seeds, weights, device=device, cache=cache).mul_(alpha / len(seeds))
+    return weighted_block_sum(name, block, size, seeds, weights, device=device, cache=cache,
+                              piece=piece).mul_(alpha / len(seeds))
 
 
 def update_delta(name: str, shape: torch.Size | tuple[int, ...], seeds: Sequence[int], weights: Sequence[float],

@@ -65,10 +65,12 @@ def describe_evaluator(cfg: Any, evaluator: Any) -> dict[str, Any]:
         return {"type": "ray", "engine": evaluator.kind, "engines": len(slots), "update": evaluator.update_mode,
                 "gpus_per_engine": evaluator.gpus,
                 "engines_per_gpu": getattr(cfg.backend, "engines_per_gpu", 1),
+                "tensor_parallel_size": getattr(cfg.backend, "tensor_parallel_size", 1),
                 "hosts": [evaluator.engine_hosts.get(s.rank, "?") for s in slots],
                 "gpu_ids": [getattr(evaluator, "engine_gpus", {}).get(s.rank, []) for s in slots],
                 "niceness": [getattr(evaluator, "engine_niceness", {}).get(s.rank) for s in slots],
                 "nodes": [getattr(evaluator, "engine_nodes", {}).get(s.rank, "?") for s in slots]}
     if getattr(getattr(evaluator, "engine", None), "llm", None) is not None:
-        return {"type": "vllm", "engine": "vllm", "engines": 1, "update": "replicated"}
+        return {"type": "vllm", "engine": "vllm", "engines": 1, "update": "replicated",
+                "tensor_parallel_size": int(evaluator.engine.setup.get("ranks", 1))}
     return {"type": cfg.backend.type, "engine": "hf", "engines": 1, "update": "replicated"}

@@ -4,7 +4,7 @@
                   [--samples 32] [--temperature 0.6] [--top-p 1.0] [--max-new-tokens 2048]
                   [--k 1,16,32] [--greedy] [--limit N] [--data-dir D] [--split test]
                   [--seed S] [--batch-size B] [--device cpu|cuda] [--dtype auto]
-                  [--bootstrap 1000] [--no-progress] [--backend hf|vllm] [--engines E] [--engines-per-gpu K]
+                  [--bootstrap 1000] [--no-progress] [--backend hf|vllm] [--engines E] [--engines-per-gpu K] [--tensor-parallel-size TP]
                   [--schedule auto|stream|calls]
 
 Parsing only; bad values raise :class:`esreason.errors.UserError` (one line, exit 2).
@@ -76,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--engines-per-gpu", type=int, default=1,
                    help="K vLLM engines share one GPU (1/K of a GPU and of the memory reservation each); "
                         "needs --engines >= 2 (default 1)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="GPUs per vLLM engine (tensor parallelism; each engine's weights split over them; "
+                        "docs/tensor-parallel.md; default 1)")
     p.add_argument("--schedule", choices=("auto", "stream", "calls"), default="auto",
                    help="vLLM engines: 'stream' (auto's choice) hands each engine its whole share at once and "
                         "records problems as they complete; 'calls' runs one batch-size call after another "
@@ -99,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
                        seed=args.seed, batch_size=args.batch_size, split=args.split,
                        progress=not args.no_progress, device=args.device, dtype=resolve_dtype(args.model, args.dtype),
                        ci_resamples=args.bootstrap, suite=args.suite, backend=args.backend, engines=args.engines,
-                       engines_per_gpu=args.engines_per_gpu, schedule=args.schedule)
+                       engines_per_gpu=args.engines_per_gpu, schedule=args.schedule,
+                       tensor_parallel_size=args.tensor_parallel_size)
     print(summary.to_markdown())
     print(f"results: {summary.output_dir}/summary.json, {summary.output_dir}/<task>/responses.jsonl")
     return 0

@@ -228,7 +228,8 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
              data_dir: str | Path | None = None, seed: int = 0, batch_size: int = 256, split: str = "test",
              progress: bool = True, device: str | None = None, dtype: str = "float32",
              ci_resamples: int = 1000, ci_level: float = 0.95, suite: str | None = None,
-             backend: str = "hf", engines: int = 1, engines_per_gpu: int = 1, schedule: str = "auto") -> Summary:
+             backend: str = "hf", engines: int = 1, engines_per_gpu: int = 1, schedule: str = "auto",
+             tensor_parallel_size: int = 1) -> Summary:
     """Evaluate ``model`` on ``tasks`` and write the results to ``output_dir`` (resumable).
 
     model: see :func:`resolve_generator`. tasks: registry names (``esreason.tasks.names()``).
@@ -246,6 +247,7 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
         ``batch_size * engines`` rows, ``batch_size`` per engine.
     engines_per_gpu: K engines share one GPU (1/K of a GPU and of the memory reservation each;
         responses do not depend on it).
+    tensor_parallel_size: GPUs per vLLM engine (tensor parallelism; docs/tensor-parallel.md).
     schedule: how engines get their rows. 'stream' (what 'auto' picks for ``backend='vllm'``): every
         unanswered problem at once, each engine its whole share, results recorded as they complete
         (:mod:`esreason.eval.streamed`); 'calls': one generate call of ``batch_size`` rows per engine
@@ -272,7 +274,7 @@ def evaluate(model: Any, tasks: Sequence[str] | str, *, output_dir: str | Path, 
     with directory_lock(out_dir, what="evaluation directory"):  # before the model loads: a second writer fails at once
         return _evaluate_locked(model, names, problems, sources, out_dir, protocol, ks, backend=backend,
                                 engines=engines, engines_per_gpu=engines_per_gpu, batch_size=batch_size,
-                                dtype=dtype, device=device, limit=limit,
+                                dtype=dtype, device=device, limit=limit, tensor_parallel_size=tensor_parallel_size,
                                 data_dir=data_dir, split=split, progress=progress,
                                 boot=(ci_resamples, ci_level), suite=suite, schedule=schedule)
 
@@ -282,11 +284,13 @@ def _evaluate_locked(model: Any, names: list[str], problems: dict[str, list[Prob
                      backend: str, engines: int, engines_per_gpu: int, batch_size: int, dtype: str,
                      device: str | None,
                      limit: int | None, data_dir: str | Path | None, split: str, progress: bool,
-                     boot: tuple[int, float], suite: str | None, schedule: str = "auto") -> Summary:
+                     boot: tuple[int, float], suite: str | None, schedule: str = "auto",
+                     tensor_parallel_size: int = 1) -> Summary:
     """:func:`evaluate` under the evaluation directory's lock: load the sampler, answer, summarise."""
     generator, tokenizer, model_info = _backend_generator(model, backend, engines, batch_size=batch_size,
                                                           dtype=dtype, device=device,
-                                                          engines_per_gpu=engines_per_gpu)
+                                                          engines_per_gpu=engines_per_gpu,
+                                                          tensor_parallel_size=tensor_parallel_size)
     try:
         rows = batch_size * (engines if backend == "vllm" else 1)
         sampler = {"backend": backend, "engines": engines}
@@ -304,10 +308,12 @@ def _evaluate_locked(model: Any, names: list[str], problems: dict[str, list[Prob
 
 
 def _backend_generator(model: Any, backend: str, engines: int, *, batch_size: int, dtype: str,
-                       device: str | None, engines_per_gpu: int = 1) -> tuple[Generator, Any, dict[str, Any]]:
+                       device: str | None, engines_per_gpu: int = 1,
+                       tensor_parallel_size: int = 1) -> tuple[Generator, Any, dict[str, Any]]:
     """:func:`resolve_generator` for ``backend='hf'``; the vLLM engines for ``'vllm'``."""
     if backend == "hf":
-        off = [f"{k}={v}" for k, v in (("engines", engines), ("engines_per_gpu", engines_per_gpu)) if v != 1]
+        off = [f"{k}={v}" for k, v in (("engines", engines), ("engines_per_gpu", engines_per_gpu),
+                                       ("tensor_parallel_size", tensor_parallel_size)) if v != 1]
         if off:
             raise UserError(f"{', '.join(off)} needs backend 'vllm' (the HF sampler runs in this process)")
         return resolve_generator(model, batch_size=batch_size, dtype=dtype, device=device)
@@ -320,7 +326,7 @@ def _backend_generator(model: Any, backend: str, engines: int, *, batch_size: in
     from esreason.backends.eval_pool import build_eval_generator
 
     return build_eval_generator(str(model), engines=engines, engines_per_gpu=engines_per_gpu, dtype=dtype,
-                                device=device, batch_size=batch_size)
+                                device=device, batch_size=batch_size, tensor_parallel_size=tensor_parallel_size)
 
 
 def _evaluate(generator: Generator, tokenizer: Any, model_info: dict[str, Any], names: list[str],

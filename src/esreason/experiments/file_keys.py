@@ -54,6 +54,9 @@ class EvalProtocol:
     """K evaluation engines share one GPU (Ray: 1/K of a GPU and 1/K of the engine's memory
     reservation each), so ``engines`` engines use ceil(engines / K) GPUs. Responses do not depend
     on it (per-request seeds)."""
+    tensor_parallel_size: int = 1
+    """GPUs per evaluation engine for ``backend: vllm`` (tensor parallelism: ``engines`` engines use
+    engines x tensor_parallel_size GPUs; docs/tensor-parallel.md)."""
 
     @property
     def tasks(self) -> tuple[str, ...]:

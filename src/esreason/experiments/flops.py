@@ -29,6 +29,8 @@ KNOWN_PARAMS = {
     "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
     "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,
     "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+    "Qwen/Qwen2.5-14B-Instruct": 14_770_033_664,
+    "Qwen/Qwen2.5-32B-Instruct": 32_763_876_352,
     "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": 1_777_088_000,
 }
 

@@ -13,6 +13,11 @@ on the CPU, the stage runs in-process as before.
   FSDP2 full sharding otherwise (the paper's 3B and 7B models on 80 GB GPUs). A model without an
   architecture file shards. :func:`choose_sharding` (training state + vLLM's share + a fixed
   activation reserve) remains for models the tracer cannot build.
+- Fit: before starting, the traced memory of one training process under the chosen sharding
+  (:func:`check_grpo_fits`, the plan's verdict) must fit the GPU torch sees (the H100's figure on a
+  machine without one); a stage that does not fit one node -- GRPO at 32B (and 14B) with the paper's
+  settings -- is refused with its numbers instead of failing hours in with an out-of-memory error.
+  ``ESREASON_FORCE_FIT=1`` (what ``experiment run --force`` sets) starts it anyway.
 - The subprocess gets the stage's resolved config as a YAML file and a generated accelerate config
   (both under ``RUN/launch/``, with the command line in ``launch.json``), so the run does not
   depend on files outside the run directory; ``--resume`` is passed when the run has metrics.
@@ -30,6 +35,7 @@ from typing import Any, Literal, Mapping
 from esreason.errors import UserError
 
 GPUS_ENV = "ESREASON_GPUS"
+FORCE_ENV = "ESREASON_FORCE_FIT"
 LAUNCH_DIR = "launch"
 LAUNCHER_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
@@ -136,6 +142,27 @@ def _sharding_for(cfg: Any) -> Sharding:
     return memplan.pick_sharding(cfg, max(torch.cuda.device_count(), 1), total)
 
 
+def check_grpo_fits(cfg: Any, processes: int, sharding: Sharding, gpu: tuple[str, float]) -> None:
+    """UserError with the numbers when one GRPO training process of ``cfg`` on ``processes`` GPUs
+    ``gpu`` = (name, GiB) does not fit under ``sharding`` (:func:`memplan.grpo_roles`, traced)."""
+    from esreason.experiments import memplan
+
+    name, gib = gpu
+    v = memplan.verdict(memplan.grpo_roles(cfg, processes, sharding, gib), gib)
+    if not v["fits"]:
+        raise UserError(f"GRPO for {cfg.model} does not fit {processes} x {name} under {sharding.upper()}: one "
+                        f"training process needs {v['total_gib']:.1f} GiB of {gib:.1f} (largest term {v['term']} "
+                        f"{v['term_gib']:.1f} GiB; change {v['key']}); `esreason experiment plan` shows every term, "
+                        f"{FORCE_ENV}=1 starts it anyway")
+
+
+def _fit_gpu() -> tuple[str, float]:
+    """The GPU the fit is decided for: the one torch sees, else the H100 (the plan's default)."""
+    from esreason.experiments import memplan
+
+    return memplan.local_gpu() or memplan.GPU_MEMORY_GIB["h100"]
+
+
 def launch_grpo(cfg: Any, out: Path, *, resume: bool, processes: int, sharding: Sharding,
                 progress: bool = False) -> None:
     """Run ``esreason train grpo`` for ``cfg`` as ``processes`` processes under accelerate (a subprocess)."""
@@ -162,17 +189,27 @@ def train_grpo(cfg: Any, out: Path, *, resume: bool, progress: bool) -> tuple[in
     """Train one GRPO stage: in-process on one GPU/CPU, under accelerate with one process per GPU
     otherwise. Returns (updates done, final checkpoint)."""
     processes = stage_processes(cfg.device)
+    sharding = _sharding_for(cfg) if processes > 1 else "ddp"
+    if cfg.device.startswith("cuda") and os.environ.get(FORCE_ENV, "") in ("", "0"):
+        from esreason.experiments import memplan
+
+        try:
+            memplan.architecture(cfg.model)
+        except UserError:
+            pass  # no architecture to trace: nothing to decide with
+        else:
+            check_grpo_fits(cfg, processes, sharding, _fit_gpu())
     if processes == 1:
         from esreason.grpo.run import run_grpo
 
         result = run_grpo(cfg, out, resume=resume, progress=progress)
         return result.steps, result.final_checkpoint
-    launch_grpo(cfg, out, resume=resume, processes=processes, sharding=_sharding_for(cfg), progress=progress)
+    launch_grpo(cfg, out, resume=resume, processes=processes, sharding=sharding, progress=progress)
     from esreason.io import RunDir
 
     latest = RunDir(out).latest_checkpoint()  # the run saves a checkpoint after its last update
     return (0, None) if latest is None else (int(latest[0]), Path(latest[1]))
 
 
-__all__ = ["ACTIVATION_RESERVE", "GPUS_ENV", "accelerate_config", "choose_sharding", "launch_command", "launch_env",
+__all__ = ["ACTIVATION_RESERVE", "FORCE_ENV", "GPUS_ENV", "accelerate_config", "check_grpo_fits", "choose_sharding", "launch_command", "launch_env",
            "launch_grpo", "stage_processes", "train_grpo", "training_state_bytes"]

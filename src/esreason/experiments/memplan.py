@@ -242,16 +242,22 @@ def masters_fit_on_gpu(masters_gib: float, engine_fraction: float, gpu_gib: floa
     return masters_gib * 1.2 + 1 <= (1 - engine_fraction) * gpu_gib
 
 
-def engine_share_role(model: str, dtype: str, seq_tokens: int, share_gib: float, key: str) -> Role:
+def engine_share_role(model: str, dtype: str, seq_tokens: int, share_gib: float, key: str, tp: int = 1) -> Role:
     """One vLLM engine's reservation (``gpu_memory_utilization`` x the GPU, split K ways under
     ``engines_per_gpu``) against what it must hold: the weights, vLLM's runtime and the KV cache of
-    at least one sequence of ``seq_tokens`` (prompt + response; vLLM refuses to start below that)."""
+    at least one sequence of ``seq_tokens`` (prompt + response; vLLM refuses to start below that).
+    ``tp`` > 1: per GPU of a tensor-parallel engine (its shard of the weights and of the KV cache)."""
+    from esreason.experiments import plan_tp
+
     arch = architecture(model)
     w = _bytes(dtype)
-    r = Role("one engine's vLLM reservation", capacity_gib=share_gib, capacity_key=key)
-    r.add("weights", w * parameter_count(arch) / GIB, "dtype")
+    r = Role("one engine's vLLM reservation" + (f" (per GPU of {tp})" if tp > 1 else ""), capacity_gib=share_gib,
+             capacity_key=key)
+    weights = parameter_count(arch) if tp == 1 else plan_tp.layout(model, tp)["held"]
+    r.add("weights", w * weights / GIB, "dtype" + (", tensor_parallel_size" if tp > 1 else ""))
     r.add("vllm_runtime", TERMS["vllm_runtime"][0], "-")
-    r.add("kv_one_sequence", _kv_bytes(arch, 1, seq_tokens, w) / GIB, "generation.max_new_tokens")
+    r.add("kv_one_sequence", _kv_bytes(arch, 1, seq_tokens, w) / plan_tp.kv_split(model, tp) / GIB,
+          "generation.max_new_tokens")
     return r
 
 
@@ -260,11 +266,15 @@ def es_roles(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, tra
     reservation, each its own masters if they fit, noise blocks and CUDA context), one engine's
     reservation against its weights and a sequence's KV cache, and GPU 0 with the trainer beside its
     engines (vLLM backends); or the one GPU of the in-process HF sampler."""
+    from esreason.experiments import plan_tp
+
     params = parameter_count(architecture(cfg.model))
     w = _bytes(cfg.dtype)
     masters = es_masters_gib(cfg)
     if cfg.backend.type in ("ray", "vllm"):
         k = getattr(cfg.backend, "engines_per_gpu", 1)
+        tp = plan_tp.tp_of(cfg.backend)  # a rank's masters are its shards' (plan_tp.layout "held")
+        masters *= plan_tp.layout(cfg.model, tp)["held"] / params if tp > 1 else 1.0
         key = "backend.engines_per_gpu" if k > 1 else "VLLMEngineOptions.gpu_memory_utilization (code default)"
         r = Role("ES engine" if k == 1 else f"GPU of {k} ES engines")
         r.add("vllm", engine_fraction * gpu_gib, key)
@@ -275,7 +285,7 @@ def es_roles(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, tra
         gpu0 = Role(f"GPU 0: ES engine{'s' if k > 1 else ''} + trainer", dict(r.terms), dict(r.keys))
         gpu0.add("trainer", trainer_gib, "-")
         share = engine_share_role(cfg.model, cfg.dtype, prompt_tokens(cfg.task) + cfg.generation.max_new_tokens,
-                                  engine_fraction / k * gpu_gib, key)
+                                  engine_fraction / k * gpu_gib, key, tp)
         return [r, share, gpu0]
     prompt = prompt_tokens(cfg.task)
     t = _forward_trace(cfg.model, cfg.train.batch_size, prompt, cfg.dtype, "prefill")
@@ -306,16 +316,17 @@ def eval_roles(spec: Any, gpu_gib: float, utilization: float, dtype: str, tokens
     model = spec.model
     if p.backend == "vllm":
         k = getattr(p, "engines_per_gpu", 1)  # K engines share the GPU: the reservation split K ways
+        tp = int(getattr(p, "tensor_parallel_size", 1))  # the scorer's layers spread over the engine's TP GPUs
         rows = max(1, tokens_per_forward // width)
         t = _forward_trace(model, rows, width, dtype, "scorer")
         key = "eval.engines_per_gpu" if k > 1 else "eval gpu_memory_utilization (EvalEngineOptions)"
         r = Role("evaluation engine" if k == 1 else f"GPU of {k} evaluation engines")
         r.add("vllm", utilization * gpu_gib, key)
-        r.add("scorer_weights", k * t.parameters / GIB, "eval dtype")
+        r.add("scorer_weights", k * t.parameters / tp / GIB, "eval dtype, eval.tensor_parallel_size")
         r.add("scorer_activations", k * t.activations / GIB, "scorer tokens_per_forward")
         r.add("fragmentation", k * TERMS["fragmentation"][0] * t.total / GIB, "-")
         r.add("cuda_context", k * TERMS["cuda_context"][0], "-")
-        return [r, engine_share_role(model, dtype, width, utilization / k * gpu_gib, key)]
+        return [r, engine_share_role(model, dtype, width, utilization / k * gpu_gib, key, tp)]
     rows = max(1, p.batch_size)
     t = _forward_trace(model, rows, prompt, dtype, "prefill")
     kv = _kv_bytes(architecture(model), rows, width, _bytes(dtype)) / GIB

