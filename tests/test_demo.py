@@ -41,6 +41,7 @@ def test_quick_demo_runs_all_five_methods_and_writes_the_report(quick_demo, caps
         assert needle in report, needle
     pngs = sorted(p.name for p in (out / "report").glob("*.png"))
     assert len(pngs) >= 4, pngs
+    assert "passk_profiles.png" in pngs  # the README's figure (docs/figures/demo-passk.png) is this one
     assert len(list((out / "report").glob("*.tex"))) >= 4
     for png in pngs:  # every figure the markdown links exists
         assert png in report

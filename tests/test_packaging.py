@@ -25,9 +25,10 @@ def _name(requirement: str) -> str:
     return re.match(r"\s*([A-Za-z0-9._-]+)", requirement).group(1).lower().replace("_", "-")
 
 
-def _quick_start() -> list[str]:
+def _block(heading: str) -> list[str]:
+    """The commands of the first bash block under README heading ``heading`` (comments stripped)."""
     readme = (REPO / "README.md").read_text()
-    block = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    block = readme.split(f"## {heading}", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
@@ -71,13 +72,18 @@ def test_constraints_pin_the_local_cpu_torch():
 
 
 def test_ci_runs_the_readmes_install_and_test_commands():
-    install, *_, test = _quick_start()
-    assert install.startswith("pip install ") and "-c .ci/constraints.txt" in install
+    """The README's CPU install (torch's CPU build first, then esreason with the versions CI tests) and its
+    test command are what .ci/run executes, in that order and nothing else."""
+    installs = [c for c in _block("Install") if c.startswith("pip install")]
+    torch_cpu, package = installs
+    assert "torch==2.13.0" in torch_cpu and "--index-url https://download.pytorch.org/whl/cpu" in torch_cpu
+    assert package.startswith("pip install -e ") and "-c .ci/constraints.txt" in package
+    test = _block("Quick start")[-1]
     assert test == "python -m pytest"
     ci = _ci_commands()
-    assert install in ci and test in ci
+    assert test in ci
     pip_installs = [c for c in ci if c.startswith("pip install")]
-    assert pip_installs == [install], "CI installs exactly what the README says, and only that"
+    assert pip_installs == installs, "CI installs exactly what the README says, and only that"
 
 
 def test_opt_in_environment_scripts_exist():
