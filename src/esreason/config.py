@@ -69,6 +69,10 @@ class ESConfig:
     rank: int = 1
     """Rank r of the low-rank directions (``perturbation: lowrank`` only); clamped per matrix
     to min(rows, cols), with the 1/sqrt scale of the clamped rank."""
+    anchor_decay: float = 0.0
+    """Anchored ES (Anchored Weight Decay, arXiv 2605.30148): lambda >= 0 with alpha * lambda < 1; after
+    every update theta <- theta - alpha * lambda * (theta - theta_0), theta_0 = the run's start weights
+    (docs/anchored-es.md). Costs one more copy of the weights in memory and in the run directory. 0: off."""
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,9 @@ def validate(cfg: RunConfig) -> None:
     validate_run(cfg)
     require(gen.temperature >= 0, "generation.temperature", f"must be >= 0 (got {gen.temperature})")
     require(es.rank >= 1, "es.rank", f"must be >= 1 (got {es.rank})")
+    require(es.anchor_decay >= 0, "es.anchor_decay", f"must be >= 0 (got {es.anchor_decay})")
+    require(es.alpha * es.anchor_decay < 1, "es.anchor_decay", f"es.alpha * es.anchor_decay must be < 1 "
+            f"(got {es.alpha} * {es.anchor_decay}): the pull toward the start weights would overshoot them")
     be, cov = cfg.backend, cfg.coverage
     require(be.engines >= 1, "backend.engines", f"must be >= 1 (got {be.engines})")
     require(be.engines == 1 or be.type == "ray", "backend.engines",

@@ -67,6 +67,8 @@ class VLLMEngineOptions:
     enforce_eager: bool = False
     seed: int = 0
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    anchor_decay: float = 0.0
+    """Anchored ES's lambda (``es.anchor_decay``); > 0: the start state carries theta_0 (hf.ANCHOR_FILE)."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> "VLLMEngineOptions":
@@ -77,7 +79,7 @@ class VLLMEngineOptions:
 
         per_gpu = getattr(cfg.backend, "engines_per_gpu", 1)  # K engines share a GPU: 1/K of the reservation each
         return cls(dtype=cfg.dtype, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
-                   seed=cfg.train.seed,
+                   seed=cfg.train.seed, anchor_decay=cfg.es.anchor_decay,
                    gpu_memory_utilization=split_utilization(cls.gpu_memory_utilization, per_gpu))
 
 
@@ -166,7 +168,7 @@ class VLLMEngine:
         self.enforce_eager = bool(kwargs["enforce_eager"])
         self.llm = self._vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        self.setup = self._rpc("es_setup", start_dir, options.restore, options.master_weights)
+        self.setup = self._rpc("es_setup", start_dir, options.restore, options.master_weights, options.anchor_decay)
 
     def _probe(self) -> list[tuple[list[int], list[float]]]:
         """Greedy 8-token decodes of two fixed prompts with each token's log-probability."""
