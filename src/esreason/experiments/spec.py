@@ -26,6 +26,8 @@ ES and GRPO run configs, the evaluation suites and the sampling protocol::
       pairs: [[demo-add, demo-sub]]   # train -> test pairs for the bar charts
     seeds: [0, 1, 2]                  # optional: train every trained method once per seed
     plan: {runaway_share: 0.01}       # optional: `experiment plan` assumptions (PlanSettings)
+    analysis:                         # optional: off-task drift (esreason.analysis.offtask.settings)
+      offtask: {task: demo-countdown, limit: 64, max_tokens: 64}
 
 Without ``seeds`` every trained method is trained once, with the ``train.seed`` of its run
 configs (today's layout: ``runs/<m>/``, ``eval/<m>/``). With ``seeds`` (``--set seeds=[0,1,2]``)
@@ -54,7 +56,7 @@ METHODS = ("base", "grpo", "es", "es_grpo", "grpo_es")
 LABELS = {"base": "Base", "grpo": "GRPO", "es": "ES", "es_grpo": "ES→GRPO", "grpo_es": "GRPO→ES"}
 TRAINED = {"grpo": ("grpo",), "es": ("es",), "es_grpo": ("es", "grpo"), "grpo_es": ("grpo", "es")}
 TOP_KEYS = ("name", "model", "task", "updates", "methods", "checkpoints", "configs", "eval", "report", "data_dir",
-            "seeds", "plan", "tasks_dir")
+            "seeds", "plan", "tasks_dir", "analysis")
 EVAL_KEYS = ("in_domain", "held_out", "samples", "ks", "temperature", "top_p", "max_new_tokens", "greedy",
              "limit", "batch_size", "seed", "ci_resamples", "backend", "engines",
              "engines_per_gpu")
@@ -160,6 +162,9 @@ class ExperimentSpec:
     subdirectories. None: one training run per method with its configs' own ``train.seed``."""
     plan: PlanSettings = field(default_factory=PlanSettings)
     """Assumptions of ``esreason experiment plan`` (key ``plan``)."""
+    analysis: Any = None
+    """Analyses run after the evaluations (key ``analysis``:
+    :class:`esreason.analysis.offtask.settings.AnalysisSettings`); None or empty: none."""
 
     def trained_kinds(self) -> set[str]:
         """The training kinds (``es``, ``grpo``) some method of this experiment runs."""
@@ -428,7 +433,13 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
     return ExperimentSpec(name=name, model=model, task=task, updates=int(updates or 0), methods=tuple(specs),
                           es=stage_cfgs.get("es"), grpo=stage_cfgs.get("grpo"), eval=proto, pairs=tuple(pairs),
                           data_dir=data.get("data_dir"), raw=resolved, seeds=seeds,
-                          plan=_plan_settings(data.get("plan")))
+                          plan=_plan_settings(data.get("plan")), analysis=_analysis(data.get("analysis"), base_dir))
+
+
+def _analysis(data: Any, base_dir: Path | None) -> Any:
+    from esreason.analysis.offtask.settings import parse_analysis
+
+    return parse_analysis(data, base_dir)
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec:
