@@ -69,8 +69,10 @@ def run_sweep_drift(sweep: str | Path, protocol: Any, output: str | Path | None 
 
     sweep = Path(sweep)
     data, points = _endpoints(sweep)
+    from esreason.backends.hf import resolve_model_path
+
     model = data.get("base_config", {}).get("model")
-    if model != protocol.model:
+    if not isinstance(model, str) or resolve_model_path(model) != resolve_model_path(protocol.model):
         raise UserError(f"--protocol: its model {protocol.model!r} is not the sweep's ({model!r}); the gain and "
                         "the drift are measured from the sweep's start model")
     exp = Path(output) if output is not None else sweep / "drift"
