@@ -15,9 +15,12 @@ from esreason.errors import UserError
 from esreason.es.anchor import anchor_factor, pull_toward
 from esreason.es.apply import update_tensor
 from esreason.es.params import CentredParameters
+from esreason.es import noise
 from esreason.es.update import update_delta
+from test_device_directions import small_blocks  # noqa: F401 (a fixture: 64-element noise blocks)
 
 SEEDS, WEIGHTS = [11, 12, 13, 14], [1.0, -0.5, 0.75, -1.25]
+REAL_BLOCK = noise.BLOCK_ELEMENTS
 
 
 def _module(dtype=torch.float32, seed=0):
@@ -172,3 +175,28 @@ def test_vllm_worker_extension_pulls_exactly_like_hf_policy(tiny_model_dir, tmp_
             (tmp_path / "bare" / f.name).write_bytes(f.read_bytes())
     with pytest.raises(ValueError, match="anchor.safetensors is missing"):
         StandInWorker(_fused_model(model, False)).es_setup(str(tmp_path / "bare"), "exact", "auto", 30.0)
+
+
+def test_the_anchored_update_is_one_bounded_pass_on_the_device(small_blocks, monkeypatch):
+    """Every float tensor the anchored update creates is at most a noise block (the pull works piece by
+    piece too), and with the weights on an accelerator (the meta device stands in: it holds no host
+    data) and theta_0 in host memory, as on a GPU, no host tensor is created beyond views of theta_0."""
+    from esreason.es.params import unique_named_parameters
+    from test_device_directions import HOST_LIMIT, OpOutputs, Square, meta_policy
+
+    m = Square()
+    cp = CentredParameters(unique_named_parameters(m), cache_bytes=0, anchor_decay=50.0)
+    with OpOutputs() as rec:
+        cp.apply_update(SEEDS, WEIGHTS, 0.01)
+    created = [n for op, _, n, dt in rec.seen if dt.is_floating_point
+               and not any(k in op for k in ("view", "slice", "alias"))]
+    assert created and max(created) <= small_blocks < max(p.numel() for p in m.parameters())
+
+    monkeypatch.setattr(noise, "BLOCK_ELEMENTS", REAL_BLOCK)  # the real block size for the device check
+    policy = meta_policy(torch.bfloat16, anchor_decay=5.0)  # fp32 masters on the device, theta_0 in bf16
+    policy.params._anchor = {n: torch.zeros(p.shape, dtype=p.dtype) for n, p in policy.params.params}  # host
+    with OpOutputs() as rec:
+        policy.apply_update(SEEDS, WEIGHTS, 1e-3)
+    made = [s for s in rec.host_tensors_over(HOST_LIMIT) if not any(k in s[0] for k in ("slice", "view", "alias"))]
+    assert made == []
+    assert any(op.startswith("aten.sub") and dev == "meta" and n > HOST_LIMIT for op, dev, n, _ in rec.seen)
