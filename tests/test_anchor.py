@@ -200,3 +200,29 @@ def test_the_anchored_update_is_one_bounded_pass_on_the_device(small_blocks, mon
     made = [s for s in rec.host_tensors_over(HOST_LIMIT) if not any(k in s[0] for k in ("slice", "view", "alias"))]
     assert made == []
     assert any(op.startswith("aten.sub") and dev == "meta" and n > HOST_LIMIT for op, dev, n, _ in rec.seen)
+
+
+def test_the_host_plan_counts_theta0_once_per_process_and_once_on_disk():
+    """``esreason experiment plan`` / the disk check: Qwen2.5-1.5B in bf16 on 8 GPU engines."""
+    from types import SimpleNamespace
+
+    from esreason.experiments.memplan_host import es_host
+    from esreason.io.architectures import architecture, parameter_count
+
+    model = "Qwen/Qwen2.5-1.5B-Instruct"
+
+    def host(decay):
+        cfg = SimpleNamespace(model=model, dtype="bfloat16", device="cuda",
+                              es=SimpleNamespace(master_weights="auto", restore="exact", direction_cache_mb=256,
+                                                 anchor_decay=decay),
+                              backend=SimpleNamespace(type="ray", engines_per_gpu=1),
+                              checkpoint=SimpleNamespace(every=0, keep_last=1))
+        return es_host(cfg, engines=8, gpu_gib=80.0, engine_fraction=0.9, updates=10)
+
+    theta0 = 2 * parameter_count(architecture(model)) / 2**30  # bf16
+    off, on = host(0.0), host(10.0)
+    assert "trainer_anchor" not in off["host_ram_gib"] and "anchor" not in off["disk_gib"]
+    assert on["host_ram_gib"]["trainer_anchor"] == pytest.approx(theta0, abs=0.01)
+    assert on["pinned_gib"]["engine_anchor"] == pytest.approx(8 * theta0, abs=0.01)
+    assert on["disk_gib"]["anchor"] == pytest.approx(theta0, abs=0.01)
+    assert on["disk_gib"]["start_state"] == pytest.approx(off["disk_gib"]["start_state"] + theta0, abs=0.02)
