@@ -42,8 +42,7 @@ def test_token_kl_matches_a_per_row_reference_and_is_base_given_tuned(tiny_model
     from esreason.backends.kl_scoring import TokenKLScorer
 
     base, tuned, tok = _models(tiny_model_dir)
-    prompts = [tok("Q:12+7 A:", add_special_tokens=True)["input_ids"], tok("3,4,5->", add_special_tokens=True)["input_ids"],
-               tok("x", add_special_tokens=True)["input_ids"]]
+    prompts = [tok(t, add_special_tokens=True)["input_ids"] for t in ("Q:12+7 A:", "3,4,5->", "x")]
     responses = [tok("1+7=8 \\boxed{19}", add_special_tokens=False)["input_ids"],
                  tok("<answer>3*4+5</answer>", add_special_tokens=False)["input_ids"], []]
     got = TokenKLScorer(base, tuned, tokens_per_forward=40, slice_tokens=3).kl_sums(prompts, responses)

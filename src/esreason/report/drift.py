@@ -175,7 +175,8 @@ def caption(table: DriftTable) -> str:
     off = table.offtask or {}
     src = (f"{off.get('rows')} off-task rows ({off.get('source')}, {off.get('tokens')} scored tokens)"
            if off else "no off-task set")
-    return (f"Gain vs forgetting. In-domain gain: Pass@1 minus Base averaged over {', '.join(table.in_domain) or 'none'}; "
+    return (f"Gain vs forgetting. In-domain gain: Pass@1 minus Base averaged over "
+            f"{', '.join(table.in_domain) or 'none'}; "
             f"held-out change: the same over {', '.join(table.held_out) or 'none'} (95% paired intervals). Off-task "
             f"KL: mean over {src} of the mean token {off.get('direction', 'KL(base || tuned)')} in nats, with a 95% "
             f"interval over rows (and training seeds, with several). Relative L2: ||theta - theta_0|| / ||theta_0||.")
