@@ -25,11 +25,27 @@ def _err(cell, scale: float) -> tuple[float, list[list[float]] | None]:
     return v, [[max(0.0, v - scale * cell.low)], [max(0.0, scale * cell.high - v)]]
 
 
+def _label_offsets(xy: list[tuple[float, float]], near_x: float = 0.25, near_y: float = 0.1
+                   ) -> list[tuple[int, int, str]]:
+    """A label position per point (offset in points, alignment): above right, unless an earlier point lies
+    within ``near_x`` / ``near_y`` of the panel's span (Base included; a label is wide, so x reaches
+    further), then below left, then below right, then above left."""
+    xs, ys = [0.0] + [x for x, _ in xy], [0.0] + [y for _, y in xy]
+    sx, sy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    places = [(6, 5, "left"), (-6, -14, "right"), (6, -16, "left"), (-6, 8, "right")]
+    out: list[tuple[int, int, str]] = []
+    for i, (x, y) in enumerate(xy):
+        crowd = sum(1 for (u, v) in xy[:i] if abs(u - x) / sx < near_x and abs(v - y) / sy < near_y)
+        out.append(places[crowd % len(places)])
+    return out
+
+
 def _panel(ax, rows: list[DriftRow], style: Mapping[str, Style], x_of, x_scale: float, xlabel: str) -> None:
     ax.axhline(0, color="#999999", linewidth=0.8, zorder=0)
     ax.axvline(0, color="#999999", linewidth=0.8, zorder=0)
     ax.plot([0], [0], marker="o", color="#7f7f7f", markersize=7, linestyle="none", zorder=3)
     ax.annotate("Base", (0, 0), textcoords="offset points", xytext=(5, -11), fontsize=8, color="#555555")
+    points = []
     for r in rows:
         xc = x_of(r)
         if xc is None or r.gain is None or xc.value is None or r.gain.value is None:
@@ -39,7 +55,10 @@ def _panel(ax, rows: list[DriftRow], style: Mapping[str, Style], x_of, x_scale: 
         y, yerr = _err(r.gain, 100.0)
         ax.errorbar([x], [y], xerr=xerr, yerr=yerr, marker=s.marker, color=s.color, markersize=8,
                     linestyle="none", capsize=3, elinewidth=1.2, zorder=4)
-        ax.annotate(s.label, (x, y), textcoords="offset points", xytext=(6, 5), fontsize=9, color=s.color)
+        points.append((x, y, s))
+    for (x, y, s), (dx, dy, ha) in zip(points, _label_offsets([(x, y) for x, y, _ in points])):
+        ax.annotate(s.label, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=9, color=s.color,
+                    ha=ha)
     ax.set_xlabel(xlabel, fontsize=10)
     ax.set_ylabel("in-domain Pass@1 gain over Base (pp)", fontsize=10)
     ax.grid(alpha=0.3)
