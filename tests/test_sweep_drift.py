@@ -36,17 +36,22 @@ def test_sweep_drift_places_every_endpoint_against_base(tmp_path, capsys, tiny_m
     exp = sweep / "drift"
     record = json.loads((exp / "experiment.json").read_text())
     assert list(record["methods"]) == ["base", "v0", "v1"]
-    assert record["methods"]["v1"]["label"] == "es.anchor_decay=100" and set(record["methods"]["v1"]["seeds"]) == {
+    assert record["methods"]["v1"]["label"] == "anchor_decay=100" and set(record["methods"]["v1"]["seeds"]) == {
         "0", "1"}
     assert set(record["offtask"]["methods"]) == {"v0", "v1"}
     table = json.loads((exp / "report" / "report.json").read_text())["tables"]["offtask_drift"]["rows"]
     for key in ("v0", "v1"):
         row = table[key]
         assert row["offtask_kl"]["value"] > 0 and row["relative_l2"] > 0
-        # two training seeds: the seed-level intervals (nothing is left without one)
+        # two training seeds: the seed-level intervals (nothing is left without one), and per seed the
+        # problem-only ones, narrower (evaluation noise only)
         assert row["offtask_kl"]["ci_low"] is not None and row["in_domain_gain_pass@1"]["ci_low"] is not None
+        assert set(row["per_seed"]) == {"0", "1"}
+        one = row["per_seed"]["0"]["offtask_kl"]
+        assert one["ci_high"] - one["ci_low"] < row["offtask_kl"]["ci_high"] - row["offtask_kl"]["ci_low"]
     drift = (exp / "drift.md").read_text()
-    assert "| es.anchor_decay=100 |" in drift and drift.strip() in printed
+    assert "| anchor_decay=100 |" in drift and "| anchor_decay=100 (seed 1) |" in drift
+    assert drift.strip() in printed
     assert (exp / "report" / "gain_vs_forgetting.png").is_file()
 
     other = tmp_path / "other.yaml"  # another start model: gains and drift would be measured from the wrong base

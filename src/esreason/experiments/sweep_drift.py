@@ -64,7 +64,7 @@ def run_sweep_drift(sweep: str | Path, protocol: Any, output: str | Path | None 
     from esreason.io.atomic import atomic_write_json, atomic_write_text
     from esreason.io.lock import directory_lock
     from esreason.report import build_report
-    from esreason.report.drift import caption, drift_rows, drift_table
+    from esreason.report.drift import caption, drift_rows, drift_table, seeds_text
     from esreason.report import markdown
 
     sweep = Path(sweep)
@@ -95,8 +95,8 @@ def run_sweep_drift(sweep: str | Path, protocol: Any, output: str | Path | None 
                      "training": [{"method": "es", "metrics": _rel(run / "metrics.jsonl", exp), "offset": 0}]}
             log(f"{data['param']}={value}{'' if seed is None else f' (seed {seed})'}: evaluating {ckpt}")
             record["timings"][f"eval/{name}"] = round(_evaluate(str(ckpt), protocol, exp / entry["eval"], progress), 1)
-            method = record["methods"].setdefault(key, {"kind": "checkpoint", "label": f"{data['param']}={value}",
-                                                        "training": []})
+            label = f"{data['param'].split('.')[-1]}={value}"  # es.anchor_decay -> anchor_decay=10
+            method = record["methods"].setdefault(key, {"kind": "checkpoint", "label": label, "training": []})
             if seed is None:
                 method.update(entry)
             else:
@@ -112,7 +112,7 @@ def run_sweep_drift(sweep: str | Path, protocol: Any, output: str | Path | None 
     if table is None:
         raise UserError(f"{exp}: no endpoint could be compared with Base")
     text = "\n".join([f"# Gain vs drift over {data['param']} ({sweep})", "",
-                      markdown.simple_markdown(*drift_rows(table)), "", caption(table), "",
+                      markdown.simple_markdown(*drift_rows(table)), "", caption(table), "", *seeds_text(table),
                       f"Full report: {result.markdown}", ""])
     atomic_write_text(exp / "drift.md", text)
     return exp / "drift.md"

@@ -13,6 +13,11 @@ Section 9 of the report (docs/report.md, docs/offtask.md). Per trained method (e
   the seed-level t-interval over the seeds x rows table (:func:`esreason.report.components.seed_interval`);
 - **relative L2 drift** ||theta - theta_0|| / ||theta_0|| (mean over seeds; no interval: it is not a sample).
 
+With several training seeds the table is followed by one row per (method, seed) with problem-only
+intervals (evaluation noise only, :func:`esreason.report.seeds.per_seed_differences`): with two or
+three seeds the seed-level intervals are wide by construction (1-2 degrees of freedom and the
+detection floor of :mod:`esreason.report.components`), and the per-seed rows show what each seed did.
+
 The table is written as Markdown (``report.md``), LaTeX (``offtask_drift.tex``) and JSON
 (``report.json`` ``tables.offtask_drift``); the figure is :mod:`esreason.report.drift_plot`.
 """
@@ -32,6 +37,7 @@ from esreason.report.components import Estimate, seed_interval
 from esreason.report.hierarchical import variance_text
 from esreason.report.load import EXPERIMENT_FILE, Experiment, evaluated
 from esreason.report.resample import RESAMPLES, task_average_replicates
+from esreason.report.seeds import per_seed_differences
 from esreason.report.stats import paired_difference
 
 TABLE = "offtask_drift"
@@ -47,11 +53,18 @@ class DriftRow:
     heldout: Cell | None
     kl: Cell | None
     relative_l2: float | None
+    per_seed: dict[str, "DriftRow"] = field(default_factory=dict)
+    """Training seed -> this method's row on that seed alone (problem-only intervals); empty for one seed."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "in_domain_gain_pass@1": None if self.gain is None else self.gain.as_dict(),
-                "heldout_change_pass@1": None if self.heldout is None else self.heldout.as_dict(),
-                "offtask_kl": None if self.kl is None else self.kl.as_dict(), "relative_l2": self.relative_l2}
+        def d(c: Cell | None) -> dict[str, Any] | None:
+            return None if c is None else c.as_dict()
+
+        out = {"label": self.label, "in_domain_gain_pass@1": d(self.gain), "heldout_change_pass@1": d(self.heldout),
+               "offtask_kl": d(self.kl), "relative_l2": self.relative_l2}
+        if self.per_seed:
+            out["per_seed"] = {k: r.as_dict() for k, r in self.per_seed.items()}
+        return out
 
 
 @dataclass
@@ -127,22 +140,41 @@ def drift_table(exp: Experiment) -> DriftTable | None:
                      "the gain-vs-forgetting table has no KL column")
     rows = []
     for m in methods:
-        kl, rel = None, None
+        kl, rel, by_seed = None, None, {}
         entry = (index or {}).get("methods", {}).get(m)
         if entry is not None:
-            files = [entry["file"]] if "file" in entry else [entry["seeds"][s] for s in sorted(entry.get("seeds", {}))]
-            runs = [_read_run(exp.root / f) for f in files]
-            if runs and all(r is not None for r in runs):
-                kl = kl_cell([r[0] for r in runs], level, boot_seed)  # type: ignore[index]
-                rels = [r[1] for r in runs if r[1] is not None]  # type: ignore[index]
+            files = {None: entry["file"]} if "file" in entry else dict(sorted(entry.get("seeds", {}).items()))
+            runs = {s: _read_run(exp.root / f) for s, f in files.items()}
+            if runs and all(r is not None for r in runs.values()):
+                kl = kl_cell([r[0] for r in runs.values()], level, boot_seed)  # type: ignore[index]
+                rels = [r[1] for r in runs.values() if r[1] is not None]  # type: ignore[index]
                 rel = float(np.mean(rels)) if rels else None
+                by_seed = {str(s): r for s, r in runs.items() if s is not None}
             else:
-                notes.append(f"{exp.label(m)}: an off-task file of {files} is missing or unreadable")
+                notes.append(f"{exp.label(m)}: an off-task file of {list(files.values())} is missing or unreadable")
         elif index is not None:
             notes.append(f"{exp.label(m)}: no off-task KL in experiment.json")
-        rows.append(DriftRow(m, exp.label(m), paired_difference(exp, m, base, in_domain, "pass@1") if in_domain
-                             else None, paired_difference(exp, m, base, held, "pass@1") if held else None, kl, rel))
+        row = DriftRow(m, exp.label(m), paired_difference(exp, m, base, in_domain, "pass@1") if in_domain else None,
+                       paired_difference(exp, m, base, held, "pass@1") if held else None, kl, rel)
+        if len(exp.seed_keys(m)) > 1:
+            row.per_seed = _per_seed(exp, m, base, in_domain, held, by_seed, level, boot_seed)
+        rows.append(row)
     return DriftTable(rows, in_domain, held, index, notes)
+
+
+def _per_seed(exp: Experiment, m: str, base: str, in_domain: list[str], held: list[str],
+              kl_runs: dict[str, tuple[dict[str, float], float | None]], level: float, boot_seed: int
+              ) -> dict[str, DriftRow]:
+    """``m``'s row on each of its training seeds alone (problem-only intervals)."""
+    gains = dict(per_seed_differences(exp, m, base, in_domain, "pass@1")) if in_domain else {}
+    helds = dict(per_seed_differences(exp, m, base, held, "pass@1")) if held else {}
+    out = {}
+    for s in exp.seed_keys(m):
+        run = kl_runs.get(s)
+        out[s] = DriftRow(m, f"{exp.label(m)} (seed {s})", gains.get(s), helds.get(s),
+                          None if run is None else kl_cell([run[0]], level, boot_seed),
+                          None if run is None else run[1])
+    return out
 
 
 def _pp(cell: Cell | None) -> str:
@@ -162,13 +194,24 @@ def _kl(cell: Cell | None) -> str:
     return f"{cell.value:.{d}f}{ci}"
 
 
-def drift_rows(table: DriftTable) -> tuple[list[str], list[list[str]]]:
-    """Header and rows for Markdown and LaTeX (pp for Pass@1, nats per token for KL)."""
+def drift_rows(table: DriftTable, per_seed: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Header and rows for Markdown and LaTeX (pp for Pass@1, nats per token for KL); ``per_seed``: one
+    row per (method, training seed) instead of one per method."""
     header = ["Method", "In-domain Pass@1 gain (pp)", "Held-out Pass@1 change (pp)", "Off-task KL (nats/token)",
               "Relative L2 drift"]
-    rows = [[r.label, _pp(r.gain), _pp(r.heldout), _kl(r.kl),
-             "–" if r.relative_l2 is None else f"{r.relative_l2:.3e}"] for r in table.rows]
-    return header, rows
+    rows = [r for row in table.rows for r in row.per_seed.values()] if per_seed else table.rows
+    return header, [[r.label, _pp(r.gain), _pp(r.heldout), _kl(r.kl),
+                     "–" if r.relative_l2 is None else f"{r.relative_l2:.3e}"] for r in rows]
+
+
+def seeds_text(table: DriftTable) -> list[str]:
+    """The per-seed table (Markdown lines), or nothing when no method has several training seeds."""
+    if not any(r.per_seed for r in table.rows):
+        return []
+    from esreason.report import markdown
+
+    return ["Per training seed (intervals over problems and off-task rows only: evaluation noise, not the "
+            "variance between training runs):", "", markdown.simple_markdown(*drift_rows(table, per_seed=True)), ""]
 
 
 def caption(table: DriftTable) -> str:
@@ -192,7 +235,7 @@ def drift_section(table: DriftTable | None, files: dict[str, Path], tex: dict[st
         return out + ["_Not available (needs a base method and a trained method)._", ""]
     from esreason.report import markdown
 
-    out += [markdown.simple_markdown(*drift_rows(table)), "", caption(table), ""]
+    out += [markdown.simple_markdown(*drift_rows(table)), "", caption(table), ""] + seeds_text(table)
     if "drift" in files:
         out += [markdown.image(files["drift"].name, "gain vs forgetting"), ""]
     if TABLE in tex:
