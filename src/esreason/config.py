@@ -70,6 +70,10 @@ class ESConfig:
     rank: int = 1
     """Rank r of the low-rank directions (``perturbation: lowrank`` only); clamped per matrix
     to min(rows, cols), with the 1/sqrt scale of the clamped rank."""
+    anchor_decay: float = 0.0
+    """Anchored ES (Anchored Weight Decay, arXiv 2605.30148): lambda >= 0 with alpha * lambda < 1; after
+    every update theta <- theta - alpha * lambda * (theta - theta_0), theta_0 = the run's start weights
+    (docs/anchored-es.md). Costs one more copy of the weights in memory and in the run directory. 0: off."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +261,9 @@ def validate(cfg: RunConfig) -> None:
     validate_run(cfg)
     require(gen.temperature >= 0, "generation.temperature", f"must be >= 0 (got {gen.temperature})")
     require(es.rank >= 1, "es.rank", f"must be >= 1 (got {es.rank})")
+    require(es.anchor_decay >= 0, "es.anchor_decay", f"must be >= 0 (got {es.anchor_decay})")
+    require(es.alpha * es.anchor_decay < 1, "es.anchor_decay", f"es.alpha * es.anchor_decay must be < 1 "
+            f"(got {es.alpha} * {es.anchor_decay}): the pull toward the start weights would overshoot them")
     for cond, key, msg in backend_rules(cfg.backend, cfg.device):
         require(cond, key, msg)
     cov = cfg.coverage

@@ -42,7 +42,7 @@ QUICK_OVERRIDES = (
     "configs.es.checkpoint.every=1", "configs.grpo.checkpoint.every=1",
     "configs.es.eval.every=1", "configs.es.eval.limit=4", "configs.es.eval.samples=2", "configs.es.eval.ks=[1,2]",
     "configs.grpo.eval.every=1", "configs.grpo.eval.limit=4", "configs.grpo.eval.samples=2",
-    "configs.grpo.eval.ks=[1,2]",
+    "configs.grpo.eval.ks=[1,2]", "analysis.offtask.limit=4", "analysis.offtask.max_tokens=16",
 )
 
 

@@ -6,6 +6,8 @@
   (paper appendix "ES–ZO Estimator Equivalence"; docs/estimator.md);
 - :mod:`esreason.analysis.coverage`: population coverage diagnostics of a run and the
   numerical check of Lemma 1 (paper §RQ1 theory; docs/coverage.md);
+- :mod:`esreason.analysis.offtask`: off-task token KL from the base model of an experiment's methods
+  (docs/offtask.md; run by ``esreason experiment run`` when the experiment names ``analysis.offtask``);
 - shared: :mod:`~esreason.analysis.tables` (Markdown/LaTeX/JSON tables and files),
   :mod:`~esreason.analysis.figures` (matplotlib backend, atomic PNG writes),
   :mod:`~esreason.analysis.output` (what a command prints), :mod:`~esreason.analysis.command`

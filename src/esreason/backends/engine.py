@@ -168,9 +168,11 @@ def check_noise_domains(domains: Mapping[int, str], reference: str | None) -> No
 
 
 def policy_state(policy: Any) -> StateFiles:
-    """The files :meth:`HFPolicy.save` writes, read back as bytes."""
+    """The files :meth:`HFPolicy.save` writes, read back as bytes, plus theta_0 of anchored ES
+    (:meth:`HFPolicy.save_anchor`: engines pull toward the run's start weights, not their own start state)."""
     with tempfile.TemporaryDirectory(prefix="esreason-state-") as tmp:
         policy.save(tmp)
+        policy.save_anchor(tmp)
         root = Path(tmp)
         return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -284,13 +286,14 @@ class HFEngineOptions:
     threads: int = 1
     perturbation: str = "full"
     rank: int = 1
+    anchor_decay: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: Any, threads: int = 1) -> "HFEngineOptions":
         es = cfg.es
         return cls(dtype=cfg.dtype, device=cfg.device, restore=es.restore, master_weights=es.master_weights,
                    direction_cache_mb=es.direction_cache_mb, generation_batch_size=cfg.generation.batch_size,
-                   threads=threads, perturbation=es.perturbation, rank=es.rank)
+                   threads=threads, perturbation=es.perturbation, rank=es.rank, anchor_decay=es.anchor_decay)
 
 
 class HFEngine:
@@ -310,8 +313,10 @@ class HFEngine:
         start = str(start_directory(state))  # one copy per node, shared by its engines
         model, tokenizer = load_model(start, o.dtype, o.device)
         policy = HFPolicy(model, tokenizer, restore=o.restore, master_weights=o.master_weights,
-                          direction_cache_mb=o.direction_cache_mb, perturbation=o.perturbation, rank=o.rank)
+                          direction_cache_mb=o.direction_cache_mb, perturbation=o.perturbation, rank=o.rank,
+                          anchor_decay=o.anchor_decay)
         policy.load_masters(start)
+        policy.load_anchor(start)  # theta_0 travels with the state (policy_state); anchored ES only
         self.policy = policy
         self.sampler = Sampler(model, tokenizer, batch_size=o.generation_batch_size)
 

@@ -26,6 +26,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 #: a tensor-name hash of the directory would see every name twice.
 MASTER_FILE = "es_master/master.safetensors"
 LEGACY_MASTER_FILE = "es_master.safetensors"  # checkpoints written before issue 17; read only
+#: theta_0 of anchored ES (``es.anchor_decay``) beside an engine's start state and in the run directory
+#: (esreason.es_loop.anchor); a subdirectory for the reason given at MASTER_FILE. Never in a checkpoint.
+ANCHOR_FILE = "es_anchor/anchor.safetensors"
 
 
 def master_file(directory: str | Path) -> Path | None:
@@ -189,18 +192,22 @@ class HFPolicy:
     perturbation, rank: 'full' dense directions, or 'lowrank' A B^T / sqrt(rank) (es/lowrank.py).
     noise_device: draw update directions there instead of on the weights' device (a host-resident
         reference for GPU engines; update only, see :class:`esreason.es.params.CentredParameters`).
+    anchor_decay: lambda of anchored ES (:mod:`esreason.es.anchor`); > 0 keeps the weights given as
+        theta_0 (:meth:`load_anchor` replaces them by a saved theta_0).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, restore: str = "exact",
                  master_weights: str = "auto", direction_cache_mb: int = 256,
-                 perturbation: str = "full", rank: int = 1, noise_device: Any = None) -> None:
+                 perturbation: str = "full", rank: int = 1, noise_device: Any = None,
+                 anchor_decay: float = 0.0) -> None:
         self.model = model
         self.tokenizer = tokenizer
         dtype = next(model.parameters()).dtype
         master = master_weights == "fp32" or (master_weights == "auto" and dtype != torch.float32)
         self.params = CentredParameters(unique_named_parameters(model), restore=restore, master=master,
                                         cache_bytes=direction_cache_mb * 2**20,
-                                        perturbation=perturbation, rank=rank, noise_device=noise_device)
+                                        perturbation=perturbation, rank=rank, noise_device=noise_device,
+                                        anchor_decay=anchor_decay)
 
     # PerturbablePolicy ------------------------------------------------------------
     def perturb(self, seed: int, sigma: float) -> None:
@@ -234,4 +241,39 @@ class HFPolicy:
         from safetensors.torch import load_file
 
         self.params.load_master_state(load_file(str(path)))
+        return True
+
+    def save_anchor(self, directory: str | Path) -> bool:
+        """Write theta_0 (:data:`ANCHOR_FILE`, model dtype) into ``directory``; False without anchored ES."""
+        anchor = self.params.anchor_state()
+        if anchor is None:
+            return False
+        from safetensors.torch import save_file
+
+        (Path(directory) / ANCHOR_FILE).parent.mkdir(parents=True, exist_ok=True)
+        save_file({n: t.detach().cpu().contiguous() for n, t in anchor.items()}, str(Path(directory) / ANCHOR_FILE))
+        return True
+
+    def load_anchor(self, directory: str | Path) -> bool:
+        """Replace theta_0 by ``directory``'s :data:`ANCHOR_FILE`, one tensor at a time; returns whether
+        it did (False without anchored ES). UserError when anchored ES is on and the file is missing."""
+        if self.params.anchor_state() is None:
+            return False
+        path = Path(directory) / ANCHOR_FILE
+        if not path.is_file():
+            raise UserError(f"{path} is missing: anchored ES (es.anchor_decay > 0) needs the run's start weights")
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+        anchor = self.params.anchor_state()
+        missing = sorted(set(anchor) - names)
+        if missing:
+            raise UserError(f"{path}: no start weights for {missing[:3]}")
+        for name, target in anchor.items():  # one tensor of the file at a time
+            with safe_open(str(path), framework="pt") as f:
+                t = f.get_tensor(name)
+            if tuple(t.shape) != tuple(target.shape):
+                raise UserError(f"{path}: {name!r} has shape {tuple(t.shape)}, the model's {tuple(target.shape)}")
+            target.copy_(t)
         return True

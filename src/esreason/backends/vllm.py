@@ -75,6 +75,8 @@ class VLLMEngineOptions:
     seed: int = 0
     tensor_parallel_size: int = 1
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
+    anchor_decay: float = 0.0
+    """Anchored ES's lambda (``es.anchor_decay``); > 0: the start state carries theta_0 (hf.ANCHOR_FILE)."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> "VLLMEngineOptions":
@@ -86,6 +88,7 @@ class VLLMEngineOptions:
         per_gpu = getattr(cfg.backend, "engines_per_gpu", 1)  # K engines share a GPU: 1/K of the reservation each
         return cls(dtype=cfg.dtype, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
                    seed=cfg.train.seed, tensor_parallel_size=getattr(cfg.backend, "tensor_parallel_size", 1),
+                   anchor_decay=cfg.es.anchor_decay,
                    gpu_memory_utilization=split_utilization(cls.gpu_memory_utilization, per_gpu))
 
 
@@ -202,7 +205,7 @@ class VLLMEngine:
         self.enforce_eager = bool(kwargs["enforce_eager"])
         self.llm = self._vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        ranks = self._rpc_all("es_setup", start_dir, options.restore, options.master_weights)
+        ranks = self._rpc_all("es_setup", start_dir, options.restore, options.master_weights, options.anchor_decay)
         self.setup = {**ranks[0], "elements": sum(int(r["elements"]) for r in ranks), "ranks": len(ranks)}
         layouts = self._rpc_all("es_layout")
         # None: one rank with whole, plainly stored tensors (checksums and exports need no layout)

@@ -26,6 +26,11 @@ stateless process group (:mod:`esreason.backends.collective`: NCCL on GPUs, gloo
 never vLLM's own group) and :meth:`es_update_sharded` sums this engine's shards and
 all-reduces each block (:mod:`esreason.es.sharded`).
 
+Anchored ES (``es.anchor_decay`` > 0, :mod:`esreason.es.anchor`): theta_0 comes with the start state
+(``es_anchor/anchor.safetensors``, the run's start weights) and is kept in host memory in the model
+dtype (page-locked on a GPU: one more copy of the weights on the host, none on the device beyond the
+piece being updated); every update pulls the centre toward it.
+
 vLLM on CPU pre-packs linear weights for oneDNN / AMX kernels and drops the plain
 tensor; in-place updates would not reach the packed copy. On CPU, :meth:`es_setup`
 therefore re-materialises plain weights from the checkpoint and routes those layers
@@ -54,7 +59,7 @@ from typing import Any, Sequence
 import torch
 
 from esreason.backends.ckpt_layout import ESTensor, Source, es_tensors, read_region
-from esreason.backends.hf import MASTER_FILE, master_file
+from esreason.backends.hf import ANCHOR_FILE, MASTER_FILE, master_file
 from esreason.backends.tp_checksum import rank_named
 from esreason.backends.tp_export import RANK_FILE, RANK_MASTER_FILE
 from esreason.backends.engine import tensors_checksum
@@ -76,11 +81,14 @@ class ESWorkerExtension:
 
     # ------------------------------------------------------------------ set-up
 
-    def es_setup(self, checkpoint_dir: str, restore: str = "exact", master_weights: str = "auto") -> dict[str, Any]:
+    def es_setup(self, checkpoint_dir: str, restore: str = "exact", master_weights: str = "auto",
+                 anchor_decay: float = 0.0) -> dict[str, Any]:
         """Bind the ES tensors to this rank's parameters and load the checkpoint's weights (this rank's shards).
 
-        Returns where the centre copy lives, how many elements ES moves (this rank's own, replicas
-        counted on rank 0) and the rank's tensor-parallel position.
+        anchor_decay: anchored ES's lambda (:mod:`esreason.es.anchor`); > 0 also loads this rank's part of
+        theta_0 from the checkpoint's ``ANCHOR_FILE`` into host memory. Returns where the centre copy
+        lives, how many elements ES moves (this rank's own, replicas counted on rank 0) and the rank's
+        tensor-parallel position.
         """
         from safetensors import safe_open
 
@@ -97,6 +105,7 @@ class ESWorkerExtension:
                            specs)
         self._es_slots, self._es_tensors, self._es_tp = slots, tensors, (rank, size)
         self._es_restore = restore
+        self._es_anchor_decay = float(anchor_decay)
         self._es_active: tuple[int, float] | None = None
         dtype = next(iter(params.values())).dtype
         self._es_master = master_enabled(master_weights, dtype)
@@ -135,7 +144,33 @@ class ESWorkerExtension:
                             .view(self._es_view(slot).shape))
         self._es_sync()
         master_path = master_file(checkpoint_dir) if self._es_master else None
+        self._es_load_anchor(checkpoint_dir)
         return self._es_snapshot(master_path)
+
+    def _es_load_anchor(self, checkpoint_dir: str) -> None:
+        """theta_0 of anchored ES from ``checkpoint_dir``'s ``ANCHOR_FILE`` (the run's start weights, which
+        travel with every start state), tensor by tensor, in host memory in the model dtype: page-locked
+        beside a GPU, whose update copies one piece of it at a time to the device. Nothing without it."""
+        old = getattr(self, "_es_anchor_arena", None)
+        if old is not None:
+            old.close()
+        self._es_anchor_arena, self._es_anchor = None, None
+        if not getattr(self, "_es_anchor_decay", 0.0):
+            return
+        path = Path(checkpoint_dir) / ANCHOR_FILE
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: anchored ES (anchor_decay > 0) needs the run's start weights")
+        from esreason.backends.pinned import PinnedArena
+
+        views = {s.key: self._es_view(s) for s in self._es_slots}
+        on_gpu = next(iter(views.values())).device.type == "cuda"
+        specs = {n: (tuple(v.shape), v.dtype) for n, v in views.items()}
+        arena = PinnedArena(specs, register=None if on_gpu else False)
+        with torch.no_grad():
+            for slot in self._es_slots:  # this rank's part of each tensor, read for its rows only
+                target = arena.tensors[slot.key]
+                copy_tensor(target, read_region(path, self._es_tensors[slot.hf_name], slot.region).view(target.shape))
+        self._es_anchor_arena, self._es_anchor = arena, arena.tensors
 
     def _es_snapshot(self, master_path: Path | None = None) -> str:
         """Save the centre copy (fp32 masters or model dtype) on the device or in host memory (pinned
@@ -212,16 +247,19 @@ class ESWorkerExtension:
     @torch.no_grad()
     def es_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
                   sharding: Sharding | None = None) -> float:
-        """centre += alpha/N sum_i w_i eps(seeds_i) (fp32 on the device); returns ||delta applied||_2 over
-        this rank's own elements (the engine adds the ranks' squares)."""
+        """centre += alpha/N sum_i w_i eps(seeds_i) (fp32 on the device; then pulled toward theta_0 with
+        anchored ES); returns ||delta applied||_2 over this rank's own elements (the engine adds the ranks'
+        squares)."""
         if self._es_active is not None:
             raise RuntimeError("es_update while a member is applied")
         sq = None  # float64 scalar on the device: one host sync per update, not one per tensor
         for slot in self._es_slots:
             centre = None if self._es_centre is None else self._es_centre[slot.key]
+            anchor = None if self._es_anchor is None else self._es_anchor[slot.key]
             part = update_tensor(self._es_view(slot), slot.hf_name, seeds, weights, alpha,
                                  master=centre if self._es_master else None,
-                                 centre=None if self._es_master else centre, sharding=sharding, region=slot.region)
+                                 centre=None if self._es_master else centre, sharding=sharding, region=slot.region,
+                                 anchor=anchor, anchor_decay=self._es_anchor_decay)
             if slot.owner:
                 sq = part if sq is None else sq + part
         self._es_sync()

@@ -6,7 +6,8 @@ the same arithmetic:
 
 - :func:`perturb_tensor`   p <- round(base_fp32 + sigma * E(seed))        (procedure step 3)
 - :func:`subtract_tensor`  p <- round(p_fp32 - sigma * E(seed))            (``restore: subtract``)
-- :func:`update_tensor`    centre += alpha / N * sum_i w_i E(seed_i)       (step 5; replicated or sharded)
+- :func:`update_tensor`    centre += alpha / N * sum_i w_i E(seed_i)       (step 5; replicated or sharded;
+                           optionally pulled toward theta_0 after the step: :mod:`esreason.es.anchor`)
 
 E is the dense direction eps (``rank=None``) or the low-rank A B^T / sqrt(r_W)
 (:mod:`esreason.es.lowrank`). A *piece* is one noise block of a dense direction
@@ -35,6 +36,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from esreason.es.anchor import anchor_factor, pull_toward
 from esreason.es.cache import DirectionCache
 from esreason.es.lowrank import cached_factors, row_chunks, stacked_factors
 from esreason.es.noise import block_spans
@@ -195,7 +197,8 @@ def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Se
 def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float, *,
                   rank: int | None = None, master: torch.Tensor | None = None, centre: torch.Tensor | None = None,
                   cache: DirectionCache | None = None, sharding: Sharding | None = None,
-                  noise_device: torch.device | str | None = None, region: Region | None = None) -> torch.Tensor:
+                  noise_device: torch.device | str | None = None, region: Region | None = None,
+                  anchor: torch.Tensor | None = None, anchor_decay: float = 0.0) -> torch.Tensor:
     """centre += alpha / N * sum_i w_i E(seeds_i), in one pass over ``p``'s pieces.
 
     With ``master`` (fp32) the master receives the delta and p = round(master); without,
@@ -206,6 +209,9 @@ def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Seq
     (a host-resident centre that moves exactly as GPU engines' centres do: the fp32 addition
     and the one rounding are exactly rounded on every device). Default: ``p.device``.
     ``region``: ``p`` is a tensor-parallel shard of ``name`` (module docstring).
+    ``anchor`` (theta_0 of this tensor, any device; shaped like ``p``) with ``anchor_decay`` lambda > 0:
+    each piece is then pulled toward it by c = alpha * lambda after the step (:mod:`esreason.es.anchor`),
+    before rounding.
     Returns the float64 scalar sum of squared applied changes (after rounding) on p's
     device: one host sync per update for the caller, not one per tensor.
     """
@@ -219,6 +225,8 @@ def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Seq
     flat = _flat(p)
     mflat = None if master is None else _flat(master)
     cflat = None if centre is None else _flat(centre)
+    c = anchor_factor(alpha, anchor_decay) if anchor is not None else 0.0
+    aflat = _flat(anchor) if c else None
     sq = torch.zeros((), dtype=torch.float64, device=p.device)
     for start, stop, delta in pieces:
         delta = _on(delta, p.device)  # [piece] fp32 (a device-to-host copy for a host-resident centre)
@@ -228,13 +236,20 @@ def update_tensor(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Seq
             mpiece = mflat[start:stop]
             if mpiece.device == p.device:
                 mpiece.add_(delta)
+                if aflat is not None:
+                    pull_toward(mpiece, aflat[start:stop], c)
                 piece.copy_(mpiece)
             else:  # master in host memory: one round trip per piece
                 new = mpiece.to(p.device) + delta
+                if aflat is not None:
+                    pull_toward(new, aflat[start:stop], c)
                 mpiece.copy_(new)
                 piece.copy_(new)
         else:
-            piece.copy_(old + delta)
+            new = old + delta  # [piece] fp32
+            if aflat is not None:
+                pull_toward(new, aflat[start:stop], c)
+            piece.copy_(new)
         sq += torch.sum((piece.to(_F32) - old) ** 2).to(torch.float64)
         if cflat is not None:
             cflat[start:stop].copy_(piece)

@@ -4,6 +4,8 @@
   trains what is missing, evaluates everything, resumable (:mod:`esreason.experiments.runner`)
 - ``sweep``       one config key over several values with the paper's smoothed reward
   trajectories (:mod:`esreason.experiments.sweep`)
+- ``sweep-drift SWEEP --protocol FILE``  a sweep's endpoints against Base: in-domain gain, held-out
+  change, off-task KL and relative L2 drift (:mod:`esreason.experiments.sweep_drift`)
 - ``plan FILE --gpus N``  what ``run FILE`` would run where, its tokens, wall time, GPU-hours and
   memory per GPU, from a table of stated assumptions (:mod:`esreason.experiments.plan`)
 """
@@ -23,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from esreason.experiments.sweep_command import register as register_sweep
 
     register_sweep(actions)
+    from esreason.experiments.sweep_drift import register as register_sweep_drift
+
+    register_sweep_drift(actions)
     from esreason.experiments.plan_command import register as register_plan
 
     register_plan(actions)

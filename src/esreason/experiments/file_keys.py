@@ -143,6 +143,11 @@ class ExperimentFile:
     (``preset``: grpo, dr_grpo, dapo, bnpo, gspo; ``config``: an overlay on ``configs.grpo``; ``family``:
     its claims against ES join the report's Holm family). The presets may also be listed in ``methods``
     by name alone."""
+    analysis: dict[str, Any] | None = None
+    """Analyses after the evaluations: ``offtask`` = exactly one of ``task`` (the base model samples that
+    task's prompts), ``file`` (JSONL or text) or ``dataset`` (a hub dataset), with ``limit`` and
+    ``max_tokens``: each method's off-task token KL from the base and its held-out retention, report
+    section "Gain vs forgetting" (docs/offtask.md)."""
     match: Literal["flops", "rollouts"] = "flops"
     """What the trained methods' budgets match (docs/budget.md): ``flops`` (the paper: every method the
     same updates, N = 4G) or ``rollouts`` (GRPO's updates set so it samples as many responses as ES)."""

@@ -86,6 +86,9 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
     elif cfg.es.restore == "exact":
         ram.add("trainer_centre", w * params / GIB, "es.restore")
     ram.add("direction_cache", cfg.es.direction_cache_mb / 1024, "es.direction_cache_mb")
+    anchor = w * params / GIB if getattr(cfg.es, "anchor_decay", 0) > 0 else 0.0  # theta_0 (docs/anchored-es.md)
+    if anchor:
+        ram.add("trainer_anchor", anchor, "es.anchor_decay")
     ram.add("processes", HOST_TERMS["process"][0], "-")
     if cfg.backend.type in ("ray", "vllm"):
         ram.add("engine_processes", engines * HOST_TERMS["vllm_engine_process"][0], "backend.engines")
@@ -99,10 +102,17 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
         ram.add("engine_load_tensor", engines * start["load_tensor"] / GIB, "backend.engines")
         # The trainer builds the pool's start state as bytes (backends.engine.policy_state: weights
         # and masters read back from a temporary save) and holds them while the engines start.
-        ram.add("trainer_start_state", w * params / GIB + masters, "- (while the engines start)")
-        disk.add("start_state", (w * params / GIB + masters), "- (once per node)")
+        ram.add("trainer_start_state", w * params / GIB + masters + anchor, "- (while the engines start)")
+        disk.add("start_state", (w * params / GIB + masters + anchor), "- (once per node)")
+        if anchor:  # theta_0 in each engine's host memory, page-locked beside a GPU (vllm_worker)
+            key = "es.anchor_decay, backend.engines"
+            if cfg.device.startswith("cuda"):
+                pinned.add("engine_anchor", engines * anchor, key)
+            ram.add("engine_anchor_pinned" if cfg.device.startswith("cuda") else "engine_anchor", engines * anchor, key)
     disk.add("checkpoints", _checkpoints(cfg, updates) * (w * params / GIB + masters),
              "checkpoint.every, checkpoint.keep_last")
+    if anchor:
+        disk.add("anchor", anchor, "es.anchor_decay (RUN/anchor: theta_0 once per run)")
     return _host_block(ram, pinned, disk)
 
 

@@ -9,6 +9,8 @@ Experiment directory (the contract :mod:`esreason.report` reads)::
     EXP/runs/es_grpo/, grpo_es/    sequence directories (stage1_<m>/, stage2_<m>/, sequence.json)
     EXP/runs/<m>/done.json         written when a method's training finished (final checkpoint, hash)
     EXP/eval/<m>/                  an ``esreason eval`` directory over all tasks (summary.json, ...)
+    EXP/offtask/                   with ``analysis.offtask``: the off-task set and every method's token
+                                   KL from Base (esreason.analysis.offtask.run; experiment.json "offtask")
     EXP/report/                    ``esreason report EXP`` (run at the end unless --no-report)
 
 With ``seeds: [s1, s2, ...]`` each trained method has one run and one evaluation per seed,
@@ -298,6 +300,13 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
         else:
             entries[m.name].setdefault("seeds", {})[str(seed)] = out
         record["methods"] = {k: e for k, e in entries.items() if "eval" in e or "seeds" in e}  # spec order
+        atomic_write_json(exp / EXPERIMENT_FILE, record)
+    if spec.analysis is not None and spec.analysis.offtask is not None:  # docs/offtask.md
+        from esreason.analysis.offtask.run import run_offtask
+
+        t0 = time.perf_counter()
+        record["offtask"] = run_offtask(spec, exp, record, log=log)
+        record["timings"]["offtask"] = round(time.perf_counter() - t0, 1)
         atomic_write_json(exp / EXPERIMENT_FILE, record)
     wandb = [c.logging.wandb for c in (spec.es, spec.grpo) if c is not None and c.logging.wandb.enabled]
     if wandb:  # one more W&B run in the group: the experiment spec attached, experiment.json's record as summary

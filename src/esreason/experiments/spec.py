@@ -28,6 +28,8 @@ ES and GRPO run configs, the evaluation suites and the sampling protocol::
     plan: {runaway_share: 0.01}       # optional: `experiment plan` assumptions (PlanSettings)
     variants: {dapo: {family: true}}  # optional: GRPO variants as methods (experiments/variants.py)
     match: flops                      # optional: flops (same T) or rollouts (GRPO's T set to ES's rollouts)
+    analysis:                         # optional: off-task drift (esreason.analysis.offtask.settings)
+      offtask: {task: demo-countdown, limit: 64, max_tokens: 64}
 
 Without ``seeds`` every trained method is trained once, with the ``train.seed`` of its run
 configs (today's layout: ``runs/<m>/``, ``eval/<m>/``). With ``seeds`` (``--set seeds=[0,1,2]``)
@@ -115,6 +117,9 @@ class ExperimentSpec:
     """Assumptions of ``esreason experiment plan`` (key ``plan``)."""
     match: str = "flops"
     """What the methods' budgets match (key ``match``): 'flops' or 'rollouts' (:mod:`esreason.experiments.variants`)."""
+    analysis: Any = None
+    """Analyses run after the evaluations (key ``analysis``:
+    :class:`esreason.analysis.offtask.settings.AnalysisSettings`); None or empty: none."""
 
     def stage_config(self, method: MethodSpec, kind: str) -> Any:
         """The run config ``method`` trains its ``kind`` stage with: its own, else the experiment's."""
@@ -397,7 +402,14 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path | None = None) -> Experim
     return ExperimentSpec(name=name, model=model, task=task, updates=int(updates or 0), methods=tuple(specs),
                           es=stage_cfgs.get("es"), grpo=stage_cfgs.get("grpo"), eval=proto, pairs=tuple(pairs),
                           data_dir=data.get("data_dir"), raw=resolved, seeds=seeds,
-                          plan=_plan_settings(data.get("plan")), match=match)
+                          plan=_plan_settings(data.get("plan")), match=match,
+                          analysis=_analysis(data.get("analysis"), base_dir))
+
+
+def _analysis(data: Any, base_dir: Path | None) -> Any:
+    from esreason.analysis.offtask.settings import parse_analysis
+
+    return parse_analysis(data, base_dir)
 
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec:

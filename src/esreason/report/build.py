@@ -5,8 +5,8 @@ Outputs (default ``EXP/report/``)::
     report.md            protocol header, findings, all tables (with interval tables), figures
     report.json          every number of every table with its interval, fronts, Pass@K profiles, curves,
                          findings
-    pass_at_k.tex  maj_at_k.tex  heldout_change.tex  below_base.tex  pareto_fronts.tex
-    pairs_bars.png  passk_profiles.png  pareto.png  training_curves.png
+    pass_at_k.tex  maj_at_k.tex  heldout_change.tex  below_base.tex  pareto_fronts.tex  offtask_drift.tex
+    pairs_bars.png  passk_profiles.png  pareto.png  training_curves.png  gain_vs_forgetting.png
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from esreason.io.atomic import atomic_write_text
 from esreason.report import document, latex, markdown, plots
 from esreason.report.budget import budget_json
 from esreason.report.compute import Parts, compute
+from esreason.report.drift import TABLE as DRIFT_TABLE, caption as drift_caption, drift_rows
 from esreason.report.figures import draw_figures
 from esreason.report.findings import Finding
 from esreason.report.load import Experiment, load_experiment
@@ -92,6 +93,8 @@ def _tables_dict(parts: Parts) -> dict[str, dict[str, Any]]:
     out = {t.name: t.as_dict() for t in (parts.pass_table, parts.maj_table, parts.change) if t is not None}
     if parts.below is not None:
         out["below_base"] = parts.below.as_dict()
+    if parts.drift is not None:
+        out[DRIFT_TABLE] = parts.drift.as_dict()
     return out
 
 
@@ -114,10 +117,15 @@ def _write_tex(exp: Experiment, parts: Parts, out: Path) -> dict[str, str]:
             header, rows, f"Pass@1-Pass@{parts.panels[0].k} Pareto fronts (a dominates b: >= on both, > on one).",
             "tab:esreason-pareto-fronts"))
         written["pareto_fronts"] = "pareto_fronts.tex"
+    if parts.drift is not None:
+        atomic_write_text(out / f"{DRIFT_TABLE}.tex", latex.simple_latex(
+            *drift_rows(parts.drift), drift_caption(parts.drift), "tab:esreason-offtask-drift"))
+        written[DRIFT_TABLE] = f"{DRIFT_TABLE}.tex"
     return written
 
 
-TEX_NAMES = ("pass_at_k.tex", "maj_at_k.tex", "heldout_change.tex", "below_base.tex", "pareto_fronts.tex")
+TEX_NAMES = ("pass_at_k.tex", "maj_at_k.tex", "heldout_change.tex", "below_base.tex", "pareto_fronts.tex",
+             f"{DRIFT_TABLE}.tex")
 
 
 def _remove_stale(out_dir: Path, written: dict[str, Path]) -> None:

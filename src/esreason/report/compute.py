@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from esreason.report.curves import Curves, training_curves
+from esreason.report.drift import DriftTable, drift_table
 from esreason.report.findings import Finding, all_findings
 from esreason.report.load import Experiment
 from esreason.report.pareto import ParetoPanel, pareto_panels
@@ -38,6 +39,8 @@ class Parts:
     changes: dict[str, dict[str, Cell]] = field(default_factory=dict)
     profiles: dict[str, dict[str, Profile]] = field(default_factory=dict)
     """Pass@K over every K = 1..M per panel and method (:mod:`esreason.report.passk_profiles`)."""
+    drift: DriftTable | None = None
+    """Gain vs forgetting (section 9: :mod:`esreason.report.drift`)."""
 
 
 def compute(exp: Experiment, pareto_k: int | None = None, large_ks: Sequence[int] | None = None) -> Parts:
@@ -52,5 +55,7 @@ def compute(exp: Experiment, pareto_k: int | None = None, large_ks: Sequence[int
     for t in (pass_table, maj_table, change):
         notes += t.notes if t is not None else []
     notes += (below.notes if below else []) + pnotes + prof_notes + (curves.notes if curves else [])
+    drift = drift_table(exp)
+    notes += drift.notes if drift else []
     return Parts(pass_table, maj_table, change, below, panels, curves, findings, list(dict.fromkeys(notes)),
-                 task_mdds(exp), task_changes(exp), profiles)
+                 task_mdds(exp), task_changes(exp), profiles, drift)

@@ -268,6 +268,9 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
     else:
         lines += ["_Not available (needs a base method, a trained method and a K > 1)._", ""]
     lines += budget_md(exp.root)
+    from esreason.report.drift import drift_section
+
+    lines += drift_section(parts.drift, files, tex)
     lines += timing_md(exp.root)
     lines += ["## Notes", ""] + ([f"- {n}" for n in notes] or ["- none"]) + [""]
     return "\n".join(lines)

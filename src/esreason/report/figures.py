@@ -38,6 +38,12 @@ def draw_figures(exp: Experiment, parts: Parts, out: Path) -> tuple[dict[str, Pa
     if parts.panels:
         files["pareto"] = plots.plot_pareto(parts.panels, style, out / names["pareto"],
                                             f"Pass@1 vs Pass@{parts.panels[0].k} Pareto fronts: {title}")
+    if parts.drift is not None:
+        from esreason.report.drift_plot import plot_drift
+
+        drawn = plot_drift(parts.drift, style, out / names["drift"], f"Gain vs forgetting: {title}")
+        if drawn is not None:
+            files["drift"] = drawn
     if parts.curves is not None:
         files["training"] = plots.plot_training(parts.curves, style, out / names["training"],
                                                 f"Training dynamics: {title}")

@@ -356,5 +356,5 @@ def plot_training(curves: Curves, style: Mapping[str, Style], path: Path, title:
 def file_names() -> dict[str, str]:
     """The PNG file name of each figure."""
     return {"bars": "pairs_bars.png", "profiles": "passk_profiles.png", "pareto": "pareto.png",
-            "training": "training_curves.png"}
+            "training": "training_curves.png", "drift": "gain_vs_forgetting.png"}
 
