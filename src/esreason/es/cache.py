@@ -4,7 +4,7 @@ A pure speed-up (DESIGN §3): the entries are exactly what :func:`esreason.es.no
 (dense blocks) or :func:`esreason.es.lowrank.lowrank_factors` (packed low-rank factors) return
 for the same arguments; they live on the weights' device, are never written anywhere, and
 are dropped by every update. On the embedded default it cuts the perturb + restore + update share
-of an ES step by about 40 % (benchmarks/es_step.py, ``*_nocache`` rows; docs/measurements.md).
+of an ES step by about 40 % (benchmarks/es_step.py, ``overhead_share``; docs/measurements.md).
 """
 
 from __future__ import annotations

@@ -217,8 +217,8 @@ RESPONSE_CV: dict[str, Assumption] = {
 }
 
 #: Prompt tokens per problem (chat template included), for forwards over prompt + response (the
-#: evaluation's entropy pass scores prompt + response). Not measured by us: the paper's
-#: datasets are not on this machine.
+#: evaluation's entropy pass scores prompt + response). Estimates from each dataset's format, not
+#: token counts.
 PROMPT_TOKENS: dict[str, Assumption] = {
     task: Assumption(f"prompt_tokens.{task}", value, "tokens per prompt", f"assumption (ours): {why}")
     for task, value, why in (
