@@ -1,4 +1,4 @@
-"""Engine checksum: one thread over one byte copy (before issue 24) vs per-tensor digests on threads.
+"""Engine checksum: one thread over one byte copy (the earlier design) vs per-tensor digests on threads.
 
 Prints one JSON object: seconds of each way over the same tensors (default: a 0.5B-parameter
 model's worth of bf16 weights plus fp32 masters, about 3 GB, in the shapes of a Qwen2 layer

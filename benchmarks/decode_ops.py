@@ -1,6 +1,6 @@
 """Benchmark: ATen operations and host syncs per decode step, our Sampler vs transformers' ``generate``.
 
-Issue 35 item 3: on an H100 the Sampler decoded a random-weight Qwen2.5-1.5B at 0.58-0.59x
+Why: on an H100 the Sampler's CPU-tuned loop decoded a random-weight Qwen2.5-1.5B at 0.58-0.59x
 ``generate``'s tokens/s (shared/gpu-results/2026-11-28-h100/gen_cmp.txt). At 1.5B a one-token step
 is launch-bound: every ATen call is a dispatch and, unless it only makes a view, a kernel launch;
 every host read of a device value (``.item()``, ``int(t)``, ``bool(t)``, ``nonzero``) stalls the
@@ -19,7 +19,7 @@ from the start of one forward call to the start of the forward 32 calls later: p
 per-chunk result copies are outside; the window KV buffers' widening, every 16 positions, is averaged
 over whole blocks). Engines:
 
-  sampler_cpu_loop    ``Sampler(loop="cpu", cache="auto")``: the loop every device ran before issue 35
+  sampler_cpu_loop    ``Sampler(loop="cpu", cache="auto")``: the loop every device ran before the CUDA loop existed
                       (still the CPU default; with ``sdpa`` attention as the CUDA run had it)
   sampler_cuda_loop   ``Sampler(loop="cuda")``: what the sampler runs on CUDA now
   generate            ``model.generate`` greedy, dynamic cache (the H100's fastest)

@@ -12,7 +12,7 @@ the unperturbed model, in two batchings:
 and the same ES update with the population-batched evaluator (``backend.type: batched``,
 src/esreason/backends/batched.py), checking that its rewards equal the sequential ones.
 
-Prints ONE JSON object. Key fields (targets from the issue "Scale-out and speed"):
+Prints ONE JSON object. Key fields (the project's targets after each):
   overhead_share                 (perturb + restore + update) / sequential ES step time    <= 0.03
   throughput_ratio_vs_inference  sequential ES tokens/s / same-batching inference tokens/s >= 0.90
   throughput_ratio_vs_one_batch  sequential ES tokens/s / one-batch inference tokens/s

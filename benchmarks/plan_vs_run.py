@@ -1,4 +1,4 @@
-"""Benchmark: the calibrated plan of an experiment against the experiment's measured wall time (issues 24, 36, 37).
+"""Benchmark: the calibrated plan of an experiment against the experiment's measured wall time.
 
 Runs, one after the other, from fresh processes as a user would:
 
@@ -11,13 +11,13 @@ samples and spread (``(max - min) / median``, the quantity ``--max-spread`` boun
 stage (``train/<m>``, ``eval/<m>``, ``report``) the planned and the measured seconds and their
 ratio; the totals (the sum of stages, and the ``experiment run`` process's wall time against the
 plan's total); the largest per-stage error; the run's per-update generation seconds beside the
-calibration's decode constants; and whether the issue's targets hold (total within 15 %, every
+calibration's decode constants; and whether the project's targets hold (total within 15 %, every
 stage within 25 %). A calibration refused for its spread is reported as such (``refused``: the
 error), with no run.
 
 ``--short`` uses the shortened demo of tests/test_calibrate.py (:data:`SHORT`; 8 updates, about a
-minute each step on 2 idle cores): the timing comparison that test used to assert, moved here
-because a test must not depend on the machine's load (issue 37). Seconds are only meaningful on an
+minute each step on 2 idle cores): the timing comparison kept out of that test because a test's
+verdict must not depend on the machine's load. Seconds are only meaningful on an
 idle machine: nothing else may share the cores (the calibration and the run must see the same
 machine); on a shared one expect the calibration to be refused.
 
@@ -128,7 +128,7 @@ def main() -> None:
     ap.add_argument("--plan", help="a calibrated plan already made for these settings: skip step 1")
     ap.add_argument("--max-spread", type=float, default=MAX_SPREAD,
                     help=f"passed to `plan --calibrate` (default {MAX_SPREAD})")
-    ap.add_argument("--repeat", type=int, default=1, help="calibrate-then-run this many times (the issue asks for 3)")
+    ap.add_argument("--repeat", type=int, default=1, help="calibrate-then-run this many times (3 shows the run-to-run spread)")
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="esreason-plan-vs-run-"))
     overrides = (SHORT if args.short else []) + args.set

@@ -9,7 +9,7 @@
 # On the lent offline GPU machine (one H200: torch 2.11, transformers 5.17, Python 3.12; no TRL, datasets
 # or math-verify): first, HERE, once, `scripts/gpu-wheels.sh` (fetches the missing wheels into
 # .whl/acceptance, an ignored folder; prints their total size and the tree's against the 64 MiB that
-# travel with the tree). Then one device call, carrying that folder (docs/scale.md, "GPU acceptance"):
+# travel with the tree). Then one device call, carrying that folder (docs/internals.md, "GPU acceptance"):
 #   run(command="bash scripts/gpu-acceptance.sh", carry=[".whl/acceptance"], timeout_s=420)
 # This script installs the wheels with `pip install --no-index --no-deps --target` into a scratch
 # directory, puts it and src/ on PYTHONPATH (nothing of esreason is installed) and sets

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch, on a development machine with network, the wheels scripts/gpu-acceptance.sh installs on the
 # lent offline GPU machine (Python 3.12, x86-64; torch 2.11, transformers 5.17, accelerate,
-# pandas, pyarrow, fsspec, xxhash, huggingface-hub, sympy, ... already there; docs/scale.md, "GPU
+# pandas, pyarrow, fsspec, xxhash, huggingface-hub, sympy, ... already there; docs/internals.md, "GPU
 # acceptance"). Run once per set of pins: it asks the package registry for each file.
 #
 # What the machine lacks and esreason's GPU commands import: TRL (esreason.grpo), datasets and

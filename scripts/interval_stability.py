@@ -1,4 +1,4 @@
-"""How far the report's percentile endpoints move between bootstrap seeds (issue 25, item 4).
+"""How far the report's percentile endpoints move between bootstrap seeds.
 
     python scripts/interval_stability.py EXP [--boot-seeds 10] [--resamples 1000,50000]
 

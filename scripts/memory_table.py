@@ -1,9 +1,9 @@
-"""Print docs/scale.md's "Per GPU, the shipped experiments on 8 GPUs" table from the plan itself.
+"""Print docs/planning.md's "Per GPU, the shipped experiments on 8 GPUs" table from the plan itself.
 
 For each shipped GPU experiment, ``esreason experiment plan FILE --gpus 8 --json`` in process; per
 stage kind (ES training, GRPO training, evaluation) the stage whose worst role on an H100 needs the
 most memory, with that role's terms, its H100 margin and the verdicts for the other GPUs. The docs
-table is this script's output (issue 36: tables equal the command's output).
+table is this script's output, so it always equals what the plan command prints.
 
 Usage: python scripts/memory_table.py
 """

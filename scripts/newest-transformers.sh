@@ -47,6 +47,6 @@ if "$venv/bin/python" -m pytest -q -p no:cacheprovider "${SMOKE[@]}"; then
   echo "newest-transformers: transformers $version passes the smoke subset ($((SECONDS - start)) s)"
 else
   echo "newest-transformers: FAILED: transformers $version, the newest release, breaks esreason (smoke subset above)." \
-       "Fix it, or add the upper bound 'transformers$range,<$version' to pyproject.toml and docs/scale.md." >&2
+       "Fix it, or add the upper bound 'transformers$range,<$version' to pyproject.toml and docs/install.md." >&2
   exit 1
 fi

@@ -1,4 +1,4 @@
-"""Print the README's and docs/scale.md's 8 x H100 plan tables from the plan itself (issue 36, item 5).
+"""Print the README's and docs/planning.md's 8 x H100 plan tables from the plan itself.
 
 Each row is ``esreason experiment plan configs/experiments/X.yaml --gpus 8 [--hf-only] --json``,
 run in process: wall hours and GPU-hours of the whole experiment, and for the README's Easy 1.5B
@@ -80,8 +80,8 @@ def readme_rows() -> list[str]:
     return rows
 
 
-def scale_rows() -> list[str]:
-    """docs/scale.md's "Projected on 8 x H100" table."""
+def planning_rows() -> list[str]:
+    """docs/planning.md's "Projected on 8 x H100" table."""
     rows = ["| experiment | shipped configs: wall h / GPU-h | every generation on HF: wall h / GPU-h |",
             "| --- | ---: | ---: |"]
     for _, label, name, has_hf, sets in EXPERIMENTS:
@@ -92,4 +92,4 @@ def scale_rows() -> list[str]:
 
 
 if __name__ == "__main__":
-    print("README.md:\n" + "\n".join(readme_rows()) + "\n\ndocs/scale.md:\n" + "\n".join(scale_rows()))
+    print("README.md:\n" + "\n".join(readme_rows()) + "\n\ndocs/planning.md:\n" + "\n".join(planning_rows()))

@@ -5,8 +5,8 @@ killed, an extractor stays linear on adversarial text, ``99**98**97`` is refused
 evaluated, a hung sympy call is abandoned. Each of those, when broken, runs for minutes or
 forever. A bound of :data:`TERMINATES_WITHIN_S` separates "ends" from "never ends" on any machine,
 however loaded (two CPU hogs beside a two-worker suite slow a process about 2-4x here), so it is
-not a speed claim: how *fast* these paths are is measured in ``benchmarks/`` (issue 37: no test's
-verdict depends on wall time or load).
+not a speed claim: how *fast* these paths are is measured in ``benchmarks/`` (no test's verdict
+depends on wall time or load).
 
 Every hostile case bounded this way must, when uncontained, outlast the bound by a wide margin
 (infinite loops, a 30-s sleep under a 2-s wall clock, a tower of powers); a case that would finish

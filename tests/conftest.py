@@ -21,7 +21,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-# --- the fast subset (issue 27): `python -m pytest --fast` ---------------------------------------
+# --- the fast subset: `python -m pytest --fast` --------------------------------------------------
 # Test files whose module fixtures train runs, launch CLI subprocesses, start Ray or evaluate at
 # the demo's size carry `pytestmark = pytest.mark.heavy`. `--fast` deselects them: the edit-test
 # loop over everything else (README, "Tests"). The full run is still the README's command.

@@ -17,7 +17,7 @@ def _lock_body(directory: str, hold: float) -> int:
 
     The holder keeps the lock until the other child has been refused (it leaves ``DIRECTORY.refused``
     beside the directory), at most ``hold`` seconds: the pair overlaps however late a loaded machine
-    schedules the second child, so the outcome never depends on timing (issue 37)."""
+    schedules the second child, so the outcome never depends on timing."""
     from esreason.errors import DirectoryLocked
     from esreason.io.lock import directory_lock
 

@@ -1,11 +1,12 @@
 """``esreason experiment plan X --calibrate``, ``experiment run --plan`` and the report's planned vs
-actual table (issue 24, item 2).
+actual table.
 
 The arithmetic tests use a hand-made calibration or hand-made run records (no run). One heavy test
 calibrates a shortened experiment and runs a longer one with the plan, as a user would, and checks
 structure only: the plan's shape, that the run records the plan, that the report holds the planned
 vs actual table, and that the plan scales the calibration's medians by the run's counts. No
-assertion compares seconds with seconds (issue 37): that comparison is benchmarks/plan_vs_run.py.
+assertion compares seconds with seconds (a test's verdict must not depend on load): that
+comparison is benchmarks/plan_vs_run.py.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ SHORT = _short_settings()
 @pytest.mark.heavy
 def test_calibrated_plan_of_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
     """``plan --calibrate --json`` then ``experiment run --plan``, the CLI as a user calls it; the plan
-    command's stdout is the JSON plan alone (``> plan.json``). Structure only (issue 37): the suite
+    command's stdout is the JSON plan alone (``> plan.json``). Structure only: the suite
     shares the cores with other work, so ``--max-spread`` is lifted (a busy machine would be refused,
     which is the check's job, not this test's) and no seconds are compared with seconds.
 
@@ -260,7 +261,7 @@ def test_train_constants_are_steady_state_medians_and_the_warm_up_goes_to_start(
 
 def test_eval_constants_are_medians_over_the_evaluated_models(tmp_path):
     record = {"methods": {"base": {}, "es": {}, "grpo": {}}, "timings": {}}
-    per_call = {"base": 8.4, "es": 2.0, "grpo": 2.2}  # the issue: one model's call 4x the others'
+    per_call = {"base": 8.4, "es": 2.0, "grpo": 2.2}  # a stalled call: one model's 4x the others'
     for name, call in per_call.items():
         d = tmp_path / "eval" / name
         d.mkdir(parents=True)
@@ -284,7 +285,7 @@ def _noisy_calibration(decode, verify=(0.001, 0.001, 0.001)) -> cal.Calibration:
 
 
 def test_a_plan_whose_constants_spread_over_the_bound_is_refused():
-    """ES decode is the largest term of the demo; samples 2.4-9.8 s (the issue's stall) spread by 2.96 over
+    """ES decode is the largest term of the demo; samples 2.4-9.8 s (a stall on a shared machine) spread by 2.96 over
     its 2.5 s median: refused, naming the constant, its spread and the bound. A spread of the same
     size in verification (under 5 % of the plan) is not material."""
     spec = load_spec(DEMO, [])

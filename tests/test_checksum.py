@@ -1,4 +1,4 @@
-"""Engine checksums hashed in parallel and gathered from every engine at once (issue 24, item 4).
+"""Engine checksums hashed in parallel and gathered from every engine at once.
 
 The digest is what the pool compares between the trainer's centre and every engine, so it must
 not depend on how it was computed (threads, input order) and must change with any bit.

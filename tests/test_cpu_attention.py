@@ -1,8 +1,8 @@
-"""The CPU attention implementation (esreason.backends.cpu_attention, issue 27 item 2).
+"""The CPU attention implementation (esreason.backends.cpu_attention).
 
 Decode steps (one query per row) compute transformers' eager attention; every other forward is
 sdpa. Bit-identity with eager is asserted on this machine only (both paths run here, with the
-same kernels: the contract the issue allows to be exact); nothing is compared with stored floats.
+same kernels, so exactness is a fair demand there); nothing is compared with stored floats.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The sampler's ``"cuda"`` decode loop (esreason.backends.leandecode): ATen calls and host reads per
 step against transformers' ``generate``, and its outputs against ``generate`` and the ``"cpu"`` loop.
 
-Issue 35 item 3: on a GPU every ATen call of a launch-bound decode step costs a dispatch (and a kernel
+Why: on a GPU every ATen call of a launch-bound decode step costs a dispatch (and a kernel
 launch unless it makes a view), and every host read stalls the launch queue. The counts come from
 benchmarks/decode_ops.py (``torch.profiler`` on the CPU, the loop forced with ``loop="cuda"``): they
 are deterministic for a given torch/transformers pair, so they are compared exactly, at a small shape
@@ -40,8 +40,8 @@ def one_thread():
 @pytest.mark.parametrize("eos,padded,max_syncs", [("ignored", False, 0), ("live", True, 1)])
 def test_cuda_loop_makes_no_more_calls_or_host_reads_per_step_than_generate(eos, padded, max_syncs):
     """As on the H100 (EOS ignored, equal-length prompts) and in production (EOS live, left padding).
-    Before issue 35 the sampler ran its CPU loop on CUDA too: that loop makes more ATen calls per step
-    than ``generate`` in both settings (asserted as well, so the benchmark measures a difference)."""
+    The sampler's CPU loop, were it run on CUDA, makes more ATen calls per step than ``generate`` in
+    both settings (asserted as well, so the benchmark measures a difference)."""
     res = decode_ops.measure(4, 40, layers=2, eos=eos, padded=padded)
     lean, gen, old = res["sampler_cuda_loop"], res["generate"], res["sampler_cpu_loop"]
     for key in ("aten_ops", "top_level", "host_syncs"):

@@ -6,7 +6,7 @@ the cache keyword was made version-dependent (transformers 5.23.0, torch 2.13.0 
 Whatever name the installed transformers gives the cache (``past_key_values`` up to 5.23,
 ``cache`` from 5.24), outputs must stay the same.
 
-What is exact and what is not (issue 27): the fixture was written on one CPU and is read on
+What is exact and what is not: the fixture was written on one CPU and is read on
 others. Token ids are exact by contract (the same weights, prompts and seeds choose the same
 tokens), so they are compared exactly. The entropy sums are float32 arithmetic whose last bits
 depend on the CPU's kernels (AVX-512, AVX2 and the default ATen path sum in different orders:

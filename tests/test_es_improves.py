@@ -1,8 +1,8 @@
 """ES (z-score, one-point) improves the embedded default; a shuffled-reward control does not.
 
-This is the Foundation issue's acceptance check, on the shipped demo ES config
+This is the project's basic acceptance check, on the shipped demo ES config
 (configs/demo/es.yaml: N=16, B=16, sigma 2e-3, alpha 1e-3, 30 updates; about a CPU
-minute per run; B=32 until issue 27, same assertions). Greedy accuracy is measured on 200 held-out test problems of the
+minute per run; the same assertions held at B=32). Greedy accuracy is measured on 200 held-out test problems of the
 training family, sampled Pass@1 with 8 samples at temperature 0.6.
 """
 

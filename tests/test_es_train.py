@@ -66,7 +66,7 @@ def test_run_directory_contract(demo_dir, tmp_path):
     run_es(small_cfg(demo_dir, "train.max_steps=2"), run, progress=False)
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["config"]["es"]["population_size"] == 4
-    # what actually evaluated the population (issue 23: every stage records what ran)
+    # what actually evaluated the population (every stage records what ran)
     assert json.loads((run / "backend.json").read_text()) == {"type": "hf", "engine": "hf", "engines": 1,
                                                               "update": "replicated"}
     ck = run / "checkpoints" / "step_2"

@@ -1,4 +1,4 @@
-"""Streamed evaluation on engines (issue 24, item 4): every problem at once, recorded as it completes.
+"""Streamed evaluation on engines: every problem at once, recorded as it completes.
 
 Runs the streamed path of the harness over the HF evaluation engine (our sampler, one seed per row:
 batch-invariant, so a streamed, a call-by-call and a resumed evaluation give identical responses),

@@ -1,4 +1,4 @@
-"""GRPO stages on all GPUs of the node (issue 17, item 3): the accelerate launch of
+"""GRPO stages on all GPUs of the node: the accelerate launch of
 esreason.experiments.launch, and TRL's vLLM rollout fields.
 
 The CPU twin: ``ESREASON_GPUS=2`` makes a GRPO stage of ``train sequence`` / ``experiment run``

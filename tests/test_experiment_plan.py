@@ -1,4 +1,4 @@
-"""``esreason experiment plan`` and the paper configs' layout (issue 17, items 1 and 5).
+"""``esreason experiment plan`` and the paper configs' layout.
 
 The plan runs on the CPU from the shipped experiment files (hub ids resolve offline through the
 known parameter counts); its numbers come from esreason.experiments.plan_table, so the tests check
@@ -78,7 +78,7 @@ def test_easy_plan_on_8_gpus_runs_every_generation_on_vllm(easy):
     assert by["eval/es"]["responses"] == EASY_PROBLEMS * 33  # 32 samples + 1 greedy
     from esreason.experiments.lengths import LengthModel
 
-    mean = LengthModel(250, 0.6, tab.RUNAWAY_SHARE["instruct"].value).mean(2048)  # issue 36: a share at the cap
+    mean = LengthModel(250, 0.6, tab.RUNAWAY_SHARE["instruct"].value).mean(2048)  # with a share at the cap
     assert by["eval/es"]["tokens"] == pytest.approx(EASY_PROBLEMS * 33 * mean, abs=1)
     assert "sharded update" in by["train/es"]["runs_on"] and "8 processes" in by["train/grpo"]["runs_on"]
     assert plan["total_gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in plan["stages"]), abs=0.05)
@@ -117,7 +117,7 @@ def test_larger_models_shard_grpo_and_cost_more():
     assert "(DDP)" in grpo["easy.yaml"]["runs_on"]
     assert "(FSDP)" in grpo["easy-llama-3.2-3b.yaml"]["runs_on"] and "(FSDP)" in grpo["easy-qwen2.5-7b.yaml"]["runs_on"]
     assert plans["easy.yaml"]["total_gpu_hours"] < plans["easy-qwen2.5-7b.yaml"]["total_gpu_hours"]
-    # memory per GPU (issue 17 item 9): the 7B masters leave the engines' GPUs; GPU 0's trainer copy is flagged
+    # memory per GPU: the 7B masters leave the engines' GPUs; GPU 0's trainer copy is flagged
     notes = plans["easy-qwen2.5-7b.yaml"]["notes"]
     assert any("fp32 masters in pinned host memory" in n for n in notes)
     # The trainer's reference lives in host memory beside GPU engines: GPU 0 fits at 7B too.
@@ -168,7 +168,7 @@ def test_periodic_heldout_evaluation_is_counted():
 
 
 def test_seeds_multiply_every_trained_method_and_not_the_base(easy):
-    """Issue 24: `--set seeds=[0,1,2]` used to print the one-seed plan."""
+    """`--set seeds=[0,1,2]` plans every seed of every trained method, not the one-seed plan."""
     import dataclasses
 
     one = build_plan(easy, 8)
@@ -184,7 +184,7 @@ def test_seeds_multiply_every_trained_method_and_not_the_base(easy):
 
 
 def test_every_stage_lists_its_time_terms_and_its_wall_time_is_their_sum(easy):
-    """Issue 24: the tail, entropy, start, checkpoint and checksum terms, per stage."""
+    """The tail, entropy, start, checkpoint and checksum terms, per stage."""
     plan = build_plan(easy, 8)
     for s in plan["stages"]:
         terms = s["terms_s"]
@@ -248,7 +248,7 @@ def _write_responses(path: Path, lengths, greedy_lengths=()) -> None:
 
 
 def test_measured_lengths_replace_the_assumed_distribution(tmp_path, easy):
-    """Issue 24: the tail from a run's own records (order statistics of its sampled lengths)."""
+    """The tail from a run's own records (order statistics of its sampled lengths)."""
     import numpy as np
 
     from esreason.experiments.lengths import read_lengths

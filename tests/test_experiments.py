@@ -116,7 +116,7 @@ def es_then_grpo(tmp_path_factory):
 
 @pytest.mark.parametrize("stages", [("es", "grpo"), ("grpo", "es")])
 def test_stage2_continues_stage1_data_stream_as_one_run_of_t_updates(stages, es_then_grpo, tmp_path):
-    """Issue 17: stage 2 takes the batches that follow stage 1's, in the same order (T = 3 over
+    """Stage 2 takes the batches that follow stage 1's, in the same order (T = 3 over
     8 problems in batches of 4 crosses an epoch boundary: no prompt lost or repeated early)."""
     if stages == ("es", "grpo"):
         out, plan, result, seen = es_then_grpo

@@ -1,5 +1,4 @@
-"""Issue 35, items 1, 2, 3 and 6: what the first rented node would have hit when running every
-shipped experiment.
+"""What a first rented GPU node would hit when running every shipped experiment, checked without one.
 
 1. Every shipped experiment file resolves and plans with no environment variable set, and ``--set``
    can replace a mapping (``--set 'checkpoints={}'``).
@@ -7,7 +6,7 @@ shipped experiment.
    (``total_memory``, 79.11 GiB: ``memplan.H100_TORCH_GIB`` and its source), not nvidia-smi's 79.65.
 3. The TRL arguments carry ``model_init_kwargs={"device_map": None}`` (TRL builds the KL reference
    with ``device_map="auto"`` under FSDP) and a bounded ``vllm_max_model_length``.
-6. ``experiment run`` refuses before the first stage when the planned checkpoints or the engines'
+4. ``experiment run`` refuses before the first stage when the planned checkpoints or the engines'
    start state do not fit the free disk, naming the path and the bytes.
 """
 

@@ -1,4 +1,4 @@
-"""RAM-efficient loading under FSDP (issue 23, item 3): only local rank 0 reads the weights.
+"""RAM-efficient loading under FSDP: only local rank 0 reads the weights.
 
 ``configs/accelerate/fsdp-7b.yaml`` and the launcher's generated FSDP config set
 ``fsdp_cpu_ram_efficient_loading: true``. accelerate exports it to every process as

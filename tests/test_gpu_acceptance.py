@@ -1,7 +1,7 @@
 """scripts/gpu-acceptance.sh / benchmarks/gpu_acceptance.py in its CPU mode (--tiny --device cpu).
 
 The same driver runs the real commands on the lent GPU machine at Qwen2.5-1.5B shapes
-(docs/scale.md, "GPU acceptance"); here it runs them on the embedded weights through the shell
+(docs/internals.md, "GPU acceptance"); here it runs them on the embedded weights through the shell
 script, and every section must hold: the preflight is in the JSON head before any section ran, the
 ES resume from step 2 ends on the same weights and fp32 masters after an update that moved them, the
 GRPO run makes 2 updates with the KL term through TRL and is timed in its two phases beside the plan's

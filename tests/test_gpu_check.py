@@ -38,7 +38,7 @@ def test_gpu_check_cpu_twin_runs_from_source_and_every_check_holds(tmp_path):
         assert timing[key] > 0, key
     assert 0 < timing["es_overhead_share"] < 1
     assert out["memory"]["es_vs_inference_peak"] is None and "CUDA" in out["memory"]["note"]
-    # issue 23: the sharded update's arithmetic, pinned masters, the memory model at the configs' shapes
+    # the sharded update's arithmetic, pinned masters, the memory model at the configs' shapes
     sharded = out["sharded_update"]
     assert sharded["ok"] and sharded["two_engines_equal_reference"] and sharded["device_arithmetic_equals_host"]
     assert sharded["apply_equal"] and sharded["elements"] > 0

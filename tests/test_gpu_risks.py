@@ -1,4 +1,4 @@
-"""What would break first on a GPU (issue 17, item 9), checked without one.
+"""What would break first on a GPU, checked without one.
 
 The in-place self-check and its eager fallback (on a stand-in vLLM), the engine's model
 directory (no weights, a stable path for vLLM's compile cache), the masters file kept out of

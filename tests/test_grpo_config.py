@@ -89,7 +89,7 @@ def test_paper_configs_follow_the_table():
 def test_7b_config_is_the_easy_column_for_qwen_7b():
     """The table gives one Easy GRPO column for all three models: the 7B config differs from the
     1.5B one only in the model (both recompute activations and put vLLM to sleep while training:
-    memory, not the update; issue 23)."""
+    memory, not the update)."""
     from esreason.config import to_dict
 
     small = to_dict(load_grpo_config(CONFIGS / "easy" / "grpo-qwen2.5-1.5b.yaml"))

@@ -219,7 +219,7 @@ def _stored_dtypes(ckpt: Path) -> set[str]:
 
 
 def test_checkpoints_are_saved_in_the_base_dtype_by_default(bf16_base, tmp_path):
-    """Issue 17: fp32 training (dtype: float32), checkpoints on the bf16 base's lattice."""
+    """fp32 training (dtype: float32), checkpoints on the bf16 base's lattice."""
     res = run_grpo(small_cfg(bf16_base, "dtype=float32", "train.max_steps=1"), tmp_path / "run", progress=False)
     ckpt = res.final_checkpoint
     assert _stored_dtypes(ckpt) == {"BF16"}

@@ -1,4 +1,4 @@
-"""Host-side fixes of issue 23: one start-state copy per node, one engine start timeout, engines and
+"""The host side of a GPU node: one start-state copy per node, one engine start timeout, engines and
 `esreason eval` in the model's own dtype."""
 
 from __future__ import annotations

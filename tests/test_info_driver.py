@@ -175,15 +175,15 @@ def test_nvml_is_read_when_pynvml_is_installed(monkeypatch):
     assert info._driver_from_nvml() is None
 
 
-def test_readme_and_scale_doc_state_the_drivers_info_checks():
+def test_readme_and_install_doc_state_the_drivers_info_checks():
     """README's GPU install names the default line's driver floor (CUDA 13) and what older drivers
-    (CUDA 12) can do; docs/scale.md records the CUDA 12 pair's dry run."""
+    (CUDA 12) can do; docs/install.md records the CUDA 12 pair's dry run."""
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    readme, scale = (repo / "README.md").read_text(), (repo / "docs" / "scale.md").read_text()
+    readme, install = (repo / "README.md").read_text(), (repo / "docs" / "install.md").read_text()
     line = "pip install -e '.[ray]' 'trl>=1.16' 'vllm==0.19.1' 'torch==2.10.0'"
-    assert f"driver >= {info.MIN_LINUX_DRIVER[13]}" in readme and line in scale
+    assert f"driver >= {info.MIN_LINUX_DRIVER[13]}" in readme and line in install
     assert f"Older drivers ({info.MIN_LINUX_DRIVER[12]}-{info.MIN_LINUX_DRIVER[13] - 1}, CUDA 12)" in readme
     assert "vLLM 0.19.1 with torch 2.10.0" in readme and "cuda-compat-13-0" in readme
-    assert "minor-version-compatibility.html" in scale
+    assert "minor-version-compatibility.html" in install

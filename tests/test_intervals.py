@@ -1,4 +1,4 @@
-"""The report's intervals (issue 25): t quantiles without scipy, the seed-level variance-components
+"""The report's intervals: t quantiles without scipy, the seed-level variance-components
 interval against hand computations, its coverage by simulation at the demo's shape, the resample
 count's stability, Holm over the family of claims and the verdict words."""
 
@@ -95,8 +95,8 @@ def _three_seeds(k):
 
 
 def test_a_truncated_seed_term_keeps_the_seed_df_and_the_detection_floor():
-    # Issue 37 item 5: at S = 3 a seed estimate <= 0 used to become 0 *and* drop the seeds' df, so
-    # the interval fell to evaluation noise (normal quantile) while labelled "3 training seeds".
+    # At S = 3 the usual rule turns a seed estimate <= 0 into 0 *and* drops the seeds' df, so the
+    # interval falls to evaluation noise (normal quantile) while labelled "3 training seeds".
     from esreason.report.components import floor_factor
 
     base = {t: np.full((1, 256), 0.5) + 0.0 for t in "abc"}  # constant Base: no problem noise of its own
@@ -159,7 +159,7 @@ def test_estimate_interval_and_p_value_agree():
     assert b.interval(0.95)[0] == pytest.approx(-0.01 + 0.025 * 0.06, abs=1e-6)
 
 
-# ----------------------------------------------------------------------------- coverage (issue 25)
+# ----------------------------------------------------------------------------- coverage
 
 SHAPE = Shape()  # the demo: 3 tasks x 256 problems x 32 samples, logit-normal difficulty
 
@@ -178,9 +178,9 @@ def test_seed_level_interval_covers_at_3_and_5_seeds(comparison, seeds, seed_sd_
 
 
 def test_intervals_whose_seed_estimate_truncates_still_cover():
-    # Issue 37 item 5: against Base at S = 3 and 1 pp of seed spread, about 5 % of the ANOVA seed
-    # estimates are <= 0 in the demo's shape; those intervals covered 0.63 before the fix (the
-    # term set to 0, its df dropped: evaluation noise only). 2,000 experiments give about 100 of
+    # Against Base at S = 3 and 1 pp of seed spread, about 5 % of the ANOVA seed estimates are <= 0
+    # in the demo's shape; under the usual rule (the term set to 0, its df dropped: evaluation noise
+    # only) those intervals cover 0.63. 2,000 experiments give about 100 of
     # them: at a true coverage of 0.95 the binomial sd of their coverage is 0.022, so the bound
     # 0.90 sits 2.3 sd below it (the random streams are fixed: the test is deterministic).
     cell = coverage_cell(SHAPE, "base", 3, 1.0, experiments=2000)
@@ -383,7 +383,7 @@ def test_verdict_words_cannot_be_read_as_support():
     assert AGREES.startswith("not significant") and "borderline" in VERDICTS
 
 
-# ----------------------------------------------------------------------------- small defects (issue 25)
+# ----------------------------------------------------------------------------- small defects
 
 
 def test_variance_source_says_no_interval_when_there_is_none():

@@ -1,4 +1,4 @@
-"""Memory proven at the real shapes (issue 23): the fake-tensor tracer against a measurement on this
+"""Memory proven at the real shapes: the fake-tensor tracer against a measurement on this
 CPU, its layer extrapolation, the architecture files, the plan's verdicts and the run's refusal."""
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def test_the_7b_experiment_does_not_fit_an_a100_40gb_and_run_refuses_before_star
 
 
 def test_every_gpu_stage_plans_host_ram_pinned_memory_and_disk_per_node():
-    """Issue 23's host side, at 7B on 8 GPUs: the masters each engine pins are exactly their bytes
+    """The host side, at 7B on 8 GPUs: the masters each engine pins are exactly their bytes
     (backends/pinned.PinnedArena; one tensor at a time they rounded to about twice that), the start
     state is on disk once per node, and under FSDP only rank 0 reads the policy (TRL's reference is
     read by every process)."""

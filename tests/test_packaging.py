@@ -95,7 +95,7 @@ def test_opt_in_environment_scripts_exist():
 
 
 def test_gpu_extra_is_one_line_for_es_grpo_and_eval_on_a_vllm_trl_supports():
-    """Issue 17: the `gpu` extra's vLLM range is the one TRL's own `vllm` extra declares (read from
+    """The `gpu` extra's vLLM range is the one TRL's own `vllm` extra declares (read from
     the installed TRL's metadata), beside trl[vllm] and Ray."""
     from importlib.metadata import requires
 
@@ -122,7 +122,7 @@ def test_ci_runs_the_newest_transformers_job_after_the_main_suite():
 
 
 def test_ci_runs_the_suite_again_on_a_second_cpu_kernel_path():
-    """Issue 27: float comparisons must hold on the kernels of other CPUs, so CI runs the whole suite a
+    """Float comparisons must hold on the kernels of other CPUs, so CI runs the whole suite a
     second time with ATen's scalar kernels and oneDNN/MKL capped at AVX2."""
     ci = _ci_commands()
     second = [c for c in ci if "ATEN_CPU_CAPABILITY=default" in c]

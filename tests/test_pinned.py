@@ -1,4 +1,4 @@
-"""Pinned fp32 masters without power-of-two waste (issue 23, item 3; esreason.backends.pinned).
+"""Pinned fp32 masters without power-of-two waste (esreason.backends.pinned).
 
 On this CPU nothing can be page-locked: the tests check the layout (bytes pinned within 5 % of
 the bytes asked for, at Qwen2.5-7B's real shapes), that the views are disjoint and usable, and,
@@ -34,7 +34,7 @@ def test_qwen7b_masters_pin_their_own_size_not_the_next_power_of_two():
     payload = layout.payload
     assert 7.5e9 < payload / 4 < 7.7e9  # 7.6B parameters in fp32
     assert layout.total <= payload + ALIGN * len(specs)
-    assert layout.total / payload < 1.05  # the issue's bound: within 5 % of the bytes pinned
+    assert layout.total / payload < 1.05  # the bound: within 5 % of the bytes pinned
     # what one tensor at a time through the caching host allocator would pin: about twice as much
     rounded = sum(_power_of_two_bytes(n) for n in layout.nbytes.values())
     assert rounded / payload > 1.5

@@ -1,4 +1,4 @@
-"""The README's and docs/scale.md's plan tables equal the plan command's output (issue 36, "Done when").
+"""The README's and docs/planning.md's plan tables equal the plan command's output.
 
 The rows come from scripts/plan_tables.py and scripts/memory_table.py, which run
 ``esreason experiment plan configs/experiments/X.yaml --gpus 8 [--hf-only] --json`` in process; a
@@ -33,12 +33,12 @@ def tables():
     try:
         pt, mt = _script("plan_tables"), _script("memory_table")
         mt.plan = pt.plan  # one plan per experiment for both tables
-        yield {"README.md": pt.readme_rows(), "docs/scale.md": pt.scale_rows() + mt.rows()}
+        yield {"README.md": pt.readme_rows(), "docs/planning.md": pt.planning_rows() + mt.rows()}
     finally:
         os.chdir(cwd)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/scale.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/planning.md"])
 def test_docs_tables_are_the_plan_commands_output(tables, doc):
     text = (REPO / doc).read_text()
     missing = [row for row in tables[doc] if row not in text.splitlines()]

@@ -1,4 +1,4 @@
-"""The plan's per-update terms count the work TRL and vLLM do (issue 36, items 1 and 2).
+"""The plan's per-update terms count the work TRL and vLLM do.
 
 Runs on the CPU from the shipped experiment files. The checks are on the model's structure
 (what grows with what, which forwards are counted, which constants are the H100 measurements),

@@ -103,7 +103,7 @@ def _step_inputs(policy, population_seed: int, first_seed: int):
 
 
 def test_two_engines_on_one_gpu_give_the_rewards_of_two_gpus(ray_local, demo_policy):
-    """``engines_per_gpu`` placement (issue 24, item 5) through Ray's fractional GPUs: ray_local declares
+    """``engines_per_gpu`` placement through Ray's fractional GPUs: ray_local declares
     2 GPUs; engines of 1/2 GPU share one, engines of 1 GPU take one each. HF engines compute on the
     CPU, so this pins the pool's placement and that placement changes no result (the vLLM twin:
     tests/test_vllm_engines_per_gpu.py). Runs before the module's ``pooled`` engines take the CPUs."""

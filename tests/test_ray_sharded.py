@@ -118,7 +118,7 @@ def test_an_engine_lost_while_the_group_forms_is_dropped(ray_local):
 
 
 def test_a_pool_of_two_engines_writes_one_start_state_copy_and_removes_it(ray_local):
-    # issue 23: the engines of a node share one copy of the start state (each used to write its own)
+    # the engines of a node share one copy of the start state (one per engine would fill the disk at scale)
     from esreason.backends.engine import policy_state, shared_state_root, state_key
     from esreason.backends.hf import HFPolicy, load_model
     from esreason.backends.ray_pool import build_ray_pool

@@ -295,7 +295,7 @@ def test_training_curves_concatenate_stages(exp_dir: Path) -> None:
 
 
 def test_training_reward_panels_never_mix_measures(exp_dir: Path, tmp_path: Path) -> None:
-    """Issue 27: ES's greedy reward and GRPO's sampled reward never share an axis; a composition's
+    """ES's greedy reward and GRPO's sampled reward never share an axis; a composition's
     stages go to the panels of their own measures; each panel's title and y label name the measure."""
     from esreason.report import load_experiment
     from esreason.report.curves import training_curves

@@ -1,4 +1,4 @@
-"""Exact restore converts on the device, never in a blocking cross-device copy (issue 35, item 4).
+"""Exact restore converts on the device, never in a blocking cross-device copy.
 
 A vLLM engine whose fp32 masters live in pinned host memory restores a bf16 model on the GPU with
 :func:`esreason.es.apply.copy_tensor`. One blocking ``copy_`` from host fp32 to device bf16 makes

@@ -386,7 +386,7 @@ def test_bad_inputs_raise_user_error(model, tok):
         s.generate_ids([[1, 10_000]], SamplingParams(2))
 
 
-# --- shared-prefix prefill (issue 27) ----------------------------------------------------
+# --- shared-prefix prefill ---------------------------------------------------------------
 
 @pytest.mark.parametrize("cache", ["auto", "dynamic"])
 def test_shared_prefix_prefill_gives_the_same_outputs(model, tok, prompts, cache):

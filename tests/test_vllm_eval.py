@@ -102,7 +102,7 @@ def test_heldout_on_pool_engines(ray_local):
 
 
 def test_two_evaluation_engines_share_one_gpu(ray_local, demo):
-    """``eval.engines_per_gpu`` (issue 24, item 5): two evaluation actors of half a declared GPU each
+    """``eval.engines_per_gpu``: two evaluation actors of half a declared GPU each
     land on one GPU id, each with half the memory reservation, and answer exactly as one engine.
     (Before the module's engines take the 2 CPUs; the fan-out test below checks one GPU each.)"""
     from esreason.backends.base import SamplingParams
@@ -245,7 +245,7 @@ def test_eval_backend_files_resume_and_engine_count(engine_generators, tmp_path,
 
 
 def test_streamed_over_two_ray_engines_equals_calls(engine_generators, tmp_path, monkeypatch):
-    """The streamed schedule (issue 24, item 4) over two Ray actors: each engine its whole share at
+    """The streamed schedule over two Ray actors: each engine its whole share at
     once, problems recorded as they complete; the same rows and files as the call path."""
     from esreason.backends import eval_pool
     from esreason.eval.harness import evaluate

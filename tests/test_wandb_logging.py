@@ -1,4 +1,4 @@
-"""Weights & Biases logging (issue 37, item 3): ``logging.wandb`` and ``--wandb PROJECT``.
+"""Weights & Biases logging: ``logging.wandb`` and ``--wandb PROJECT``.
 
 One small experiment (ES->GRPO, one update each, W&B offline: ``WANDB_MODE=offline``) leaves an ES
 run, a GRPO run and the experiment's own run in W&B's offline files; the tests read those files

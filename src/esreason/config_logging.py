@@ -1,7 +1,7 @@
 """The ``logging:`` section of every run config (ES, GRPO, the stages of compositions and experiments).
 
 metrics.jsonl and TensorBoard are always written (the run directory contract, DESIGN §1);
-``logging.wandb`` adds Weights & Biases on top of them (issue 37; docs/experiments.md,
+``logging.wandb`` adds Weights & Biases on top of them (docs/experiments.md,
 "Weights & Biases"). The section lives here rather than in :mod:`esreason.config` only to keep
 that module under the 500-line limit; :class:`esreason.config.RunConfig` and
 :class:`esreason.grpo.config.GRPORunConfig` both declare ``logging: LoggingConfig`` last.

@@ -19,7 +19,7 @@ each with its per-seed verdicts (a description).
 Rerunning with the same ``--output`` resumes (finished methods are not trained again).
 ``--quick`` shrinks every budget to a smoke test (numbers meaningless). Each kind of demo has
 its own default directory (:func:`default_output`: ``runs/demo``, ``runs/demo-quick``,
-``runs/demo-seeds3``, ...), so a quick run never blocks the full one (issue 27).
+``runs/demo-seeds3``, ...), so a quick run never blocks the full one.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ checkpoint (:meth:`HFPolicy.save`: ``model.safetensors``, tokenizer files and, w
 master weights, ``es_master/master.safetensors``) as ``{relative path: bytes}``; safetensors
 round-trips every bit, so a re-broadcast engine is bit-identical to its source. Engines start from
 either those bytes or a :class:`StateDir`: the same files already written once on the node
-(:func:`shared_state_dir`), passed by path. The Ray pool passes a :class:`StateDir` (issue 35,
-item 5): bytes sent as an actor argument are deserialised into every engine's heap (45.7 GB per
+(:func:`shared_state_dir`), passed by path. The Ray pool passes a :class:`StateDir`: bytes sent as an actor argument are deserialised into every engine's heap (45.7 GB per
 engine at 7B with fp32 masters).
 """
 
@@ -121,8 +120,8 @@ def tensors_checksum(named: Iterable[tuple[str, torch.Tensor]], threads: int = C
 
     Engines of different kinds (HF, vLLM) report the same digest for the same centre as
     long as they hash the tensors under their Hugging Face names and dtypes. Tensors are hashed
-    in ``threads`` threads at once (issue 24: one thread hashed 9 GB of a 1.5B model's weights and
-    masters in about 15 s); at most ``threads`` host copies of device tensors are alive at a time.
+    in ``threads`` threads at once (one thread takes about 15 s for the 9 GB of a 1.5B model's
+    weights and masters); at most ``threads`` host copies of device tensors are alive at a time.
     The digest does not depend on ``threads``.
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -193,10 +192,10 @@ def shared_state_root(root: str | Path | None = None) -> Path:
 
 
 def shared_state_dir(state: Mapping[str, bytes], root: str | Path | None = None) -> Path:
-    """The files of ``state`` in one directory per node, keyed by their content (issue 23).
+    """The files of ``state`` in one directory per node, keyed by their content.
 
-    Every engine of a pool starts from the same state; each used to write it to a temporary
-    directory of its own (8 engines of a 1.5B model with fp32 masters: about 72 GB on one disk).
+    Every engine of a pool starts from the same state; a directory per engine would hold it once
+    per engine (8 engines of a 1.5B model with fp32 masters: about 72 GB on one disk).
     The first engine of a node writes it (to a staging directory, renamed into place under a file
     lock, so no engine ever reads a half-written state); the others find it complete and read it.
     The directory lives until :func:`remove_shared_state` (the pool's close) or the temp dir's own

@@ -7,8 +7,7 @@ devices) turn that off, and every engine would land on the node's first GPU.
 :func:`pin_visible_gpu` sets the variable from ``ray.get_gpu_ids()`` before vLLM starts, as
 OpenRLHF's vLLM actors do.
 
-**Several engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K; issue 24,
-item 5). A 1.5B model decoding one member's 64 prompts leaves an H100 waiting on the host for
+**Several engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K). A 1.5B model decoding one member's 64 prompts leaves an H100 waiting on the host for
 part of every step. K engines then share one GPU: each asks Ray for :func:`gpu_share` (1/K) of a
 GPU, so Ray places K of them on one device (fractional GPUs: Ray's "Fractional GPU serving"
 guide runs two vLLM replicas per GPU this way), and each reserves :func:`split_utilization` (1/K)

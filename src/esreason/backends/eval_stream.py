@@ -1,4 +1,4 @@
-"""Streamed evaluation on engines: each engine gets its whole share at once (issue 24, item 4).
+"""Streamed evaluation on engines: each engine gets its whole share at once.
 
 The call-by-call evaluation (:meth:`esreason.backends.vllm_eval.EngineGenerator.generate`) makes
 every engine wait, call after call, for the longest row of the call, then for its greedy call, its

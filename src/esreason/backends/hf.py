@@ -25,7 +25,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 #: in the model directory (not below it) and would otherwise read the masters as weights, and
 #: a tensor-name hash of the directory would see every name twice.
 MASTER_FILE = "es_master/master.safetensors"
-LEGACY_MASTER_FILE = "es_master.safetensors"  # checkpoints written before issue 17; read only
+LEGACY_MASTER_FILE = "es_master.safetensors"  # where earlier versions wrote the masters; read only
 #: theta_0 of anchored ES (``es.anchor_decay``) beside an engine's start state and in the run directory
 #: (esreason.es_loop.anchor); a subdirectory for the reason given at MASTER_FILE. Never in a checkpoint.
 ANCHOR_FILE = "es_anchor/anchor.safetensors"

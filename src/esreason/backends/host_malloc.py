@@ -4,9 +4,9 @@ Why. glibc serves every allocation above its mmap threshold (dynamic, at most 32
 ``mmap`` and gives it back with ``munmap`` when freed; the next allocation of that size then faults
 every page in again. A CPU decode loop allocates and frees tensors of that size at every step and
 every cache compaction (the demo's evaluation call: 2,048 rows, KV buffers of 10-80 MB per layer).
-Measured on the demo's call (2 cores, benchmarks/eval_call.py shapes): 662k minor page faults and
-2.1 s of system time for a 3.1 s call; with the thresholds below, 211k faults, 0.7 s system time
-and a 2.2 s call, with the same peak RSS (930 vs 900 MB). This is the effect PyTorch's CPU
+With the thresholds below the demo's call (benchmarks/eval_call.py shapes) makes a third of the
+page faults and spends a third of the system time, runs about 30 % faster and peaks at the same
+RSS (docs/measurements.md). This is the effect PyTorch's CPU
 performance guides obtain by preloading jemalloc or tcmalloc; glibc's own ``mallopt`` gives it
 without a preload.
 

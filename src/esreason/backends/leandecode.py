@@ -1,8 +1,8 @@
 """The decode steps of the sampler's ``"cuda"`` loop: as few ATen calls per step as the contract allows.
 
 Why. On an accelerator every ATen call the decode loop makes is a dispatch and (unless it only makes
-a view) a kernel launch, and a 1.5B model's one-token step is launch-bound (issue 35: our sampler
-decoded at 0.58x transformers' ``generate`` on an H100). The sampler's ``"cpu"`` loop
+a view) a kernel launch, and a 1.5B model's one-token step is launch-bound (the ``"cpu"`` loop on CUDA
+decoded at 0.58x transformers' ``generate`` on an H100; benchmarks/decode_ops.py). The sampler's ``"cpu"`` loop
 (:meth:`esreason.backends.sampling.Sampler._decode_chunk`) is tuned for PyTorch's CPU kernels
 instead, and its outputs are pinned (tests/test_decode_pinned.py), so this loop is a separate one
 with the same contract: same prefill (the caller's), budgets, stop rules, compaction rule and

@@ -1,4 +1,4 @@
-"""Page-locked host tensors of exactly the bytes asked for (issue 23: pinned fp32 masters).
+"""Page-locked host tensors of exactly the bytes asked for (pinned fp32 masters).
 
 A vLLM ES engine whose fp32 masters do not fit beside vLLM's reservation keeps them in pinned
 host memory (``vllm_worker._es_snapshot``), so perturb and restore read them by DMA. Allocated as

@@ -3,9 +3,9 @@
 Why. Ray starts every worker process at ``RAY_worker_niceness``, 15 unless set: each worker's core
 reads the variable from its own environment when it starts and calls ``nice(value)`` (drivers are
 left alone). A worker at nice 15 gets a small share of a core beside any process at normal
-priority. Measured on a 2-core AMD EPYC beside two busy processes (``yes > /dev/null`` twice), the
-engine actors took 3.6 % of a core each while the busy processes took 72 %, and
-``tests/test_ray_pool.py`` took more than 600 s at nice 15 against 106 s at nice 0. On a GPU node
+priority: on a 2-core machine beside two busy processes the engine actors got a few per cent of a
+core each and the Ray pool's tests ran several times slower at nice 15 than at nice 0
+(docs/measurements.md). On a GPU node
 the engines' CPU side (the decode loop's launches, vLLM's scheduler and tokenisation) competes in
 the same way with the driver and its reward pool, which run at normal priority.
 

@@ -396,7 +396,7 @@ class RayEnginePool:
         """Centre checksum of every live engine by rank (after pending updates)."""
         self._settle()
         sums: dict[int, str] = {}
-        # every engine hashes at once (issue 24: one after another cost ~15 s per engine at 1.5B)
+        # every engine hashes at once: one after another would cost ~15 s per engine at 1.5B
         pending = [(slot, slot.actor.checksum.remote()) for slot in list(self.slots)]
         for slot, ref in pending:
             try:

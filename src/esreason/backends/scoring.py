@@ -20,7 +20,7 @@ Memory: logits are computed for ``slice_tokens`` positions at a time from the fi
 hidden states, so a 2,048-token response at a 152k vocabulary never materialises its
 [L, V] logits at once.
 
-Shared prompts (issue 24, item 4): an evaluation scores ``samples`` responses per problem, all
+Shared prompts: an evaluation scores ``samples`` responses per problem, all
 behind the same prompt. Rows with the same prompt are scored as a group: the prompt is forwarded
 once (one row; its last hidden state gives every row's first-token entropy), its KV cache is
 copied to the group's rows, and only the responses are forwarded against it. On HotpotQA's

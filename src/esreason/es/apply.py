@@ -144,7 +144,7 @@ def copy_tensor(p: torch.Tensor, source: torch.Tensor) -> None:
     Where the two differ in both device and dtype (exact restore from fp32 masters in pinned host
     memory into a bf16 model on the GPU: ``vllm_worker.es_restore``), the piece is first moved in
     its own dtype (``non_blocking`` from page-locked memory, on the current stream), then converted
-    on the device that is not the CPU (issue 35, item 4). A single blocking ``copy_`` would convert
+    on the device that is not the CPU. A single blocking ``copy_`` would convert
     on the CPU instead: ATen's ``copy_kernel_cuda`` (aten/src/ATen/native/cuda/Copy.cu) says "For
     blocking transfers conversions are performed on CPU to avoid allocating extra GPU memory" --
     one thread of an engine's actor converting 28 GiB at 7B for every member. The extra device

@@ -5,7 +5,7 @@ response per prompt of the shared mini-batch, score it with the task verifier,
 average into R_i, restore the centre. Rewards are returned by population index.
 
 This is the sequential reference evaluator; batched and distributed evaluators
-(issue "Scale-out and speed") must return identical rewards for the same seeds.
+(:mod:`esreason.backends`) must return identical rewards for the same seeds.
 """
 
 from __future__ import annotations

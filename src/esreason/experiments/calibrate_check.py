@@ -1,12 +1,12 @@
-"""The calibration's steadiness check (issue 36, item 3): medians, their spread, and a bound.
+"""The calibration's steadiness check: medians, their spread, and a bound.
 
 Every per-repetition constant of a calibrated plan (seconds per update of each trained kind, per
 periodic held-out evaluation, per checkpoint, per evaluation call of each task) is the *median* of
 several samples taken in the calibration run, so one stalled update or one slow first call does
 not set it. Its *spread* is ``(max - min) / median`` over those samples: 0 for a machine that did
-the same work in the same time every time. On the machine kind of issue 36 (2-core AMD EPYC, other
-processes beside the calibration) single samples of the same work differed by 3-10x, and the plan
-built from them missed the run by 3-4x; the spread makes that visible, and :func:`check` refuses to
+the same work in the same time every time. On a small machine shared with other processes (2 cores
+beside the calibration) single samples of the same work differed by 3-10x, and a plan built from
+them missed the run by 3-4x; the spread makes that visible, and :func:`check` refuses to
 print a plan whose material constants spread more than a bound.
 
 Deviation from a statistician's choice: with 3-5 samples an IQR is no better estimated than the
@@ -24,7 +24,7 @@ MAX_SPREAD = 0.5
 """Default bound on a constant's ``(max - min) / median`` (``esreason experiment plan --calibrate
 --max-spread X``). Half the median: wider than the work's own update-to-update variation (the
 demo's ES updates generate 19.3-20.6 k tokens, 7 %; on an idle machine the demo's per-stage times
-land within 0.87-1.14 of the plan, docs/scale.md), narrower than the 3-10x stalls of a machine
+land within 0.87-1.14 of the plan, docs/measurements.md), narrower than the 3-10x stalls of a machine
 shared with other processes, where a plan cannot hold."""
 
 MATERIAL_SHARE = 0.05

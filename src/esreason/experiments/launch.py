@@ -1,6 +1,6 @@
 """How a GRPO stage of ``esreason experiment run`` / ``train sequence`` uses the node's GPUs.
 
-Issue 17 ("all GPUs of the node busy"): a GRPO stage on a multi-GPU node runs as P = #GPUs
+Every GPU of the node works: a GRPO stage on a multi-GPU node runs as P = #GPUs
 processes started by ``accelerate launch`` as a **subprocess** (one process per GPU; never a
 multi-GPU job inside one Python process), each with its own vLLM engine for the rollouts when
 ``grpo.use_vllm`` (TRL's colocate mode; :func:`esreason.grpo.trainer.vllm_args`). With one GPU, or
@@ -9,7 +9,7 @@ on the CPU, the stage runs in-process as before.
 - P: ``ESREASON_GPUS`` if set (an integer >= 1; also how the CPU twin test asks for 2 gloo
   processes), else the number of visible CUDA devices for ``device: cuda``, else 1.
 - Sharding (:func:`esreason.experiments.memplan.pick_sharding`): data parallel (DDP, a full replica
-  per GPU) when its traced memory (activations included, issue 23) leaves 10 % of the GPU free;
+  per GPU) when its traced memory (activations included) leaves 10 % of the GPU free;
   FSDP2 full sharding otherwise (the paper's 3B and 7B models on 80 GB GPUs). A model without an
   architecture file shards. :func:`choose_sharding` (training state + vLLM's share + a fixed
   activation reserve) remains for models the tracer cannot build.
@@ -94,7 +94,7 @@ def accelerate_config(sharding: Sharding, processes: int) -> dict[str, Any]:
         cfg["fsdp_config"] = {
             "fsdp_version": 2, "fsdp_reshard_after_forward": True,
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_state_dict_type": "FULL_STATE_DICT",
-            # only local rank 0 reads the weights on the host; the others get them by broadcast (issue 23)
+            # only local rank 0 reads the weights on the host; the others get them by broadcast, so host RAM holds one copy per node, not one per GPU
             "fsdp_cpu_ram_efficient_loading": True, "fsdp_offload_params": False,
             "fsdp_activation_checkpointing": False,
         }

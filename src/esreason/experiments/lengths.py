@@ -1,4 +1,4 @@
-"""Response lengths measured in a run's own records, for the plan's decode and tail terms (issue 24).
+"""Response lengths measured in a run's own records, for the plan's decode and tail terms.
 
 ``esreason experiment plan X --lengths DIR`` reads every ``responses.jsonl`` under DIR (an
 ``esreason eval`` output directory, or an experiment directory with its ``eval/<method>/``
@@ -12,7 +12,7 @@ draws (with replacement; order statistics):
 over the sorted capped lengths x_(1) <= ... <= x_(N). Greedy rows are left out (the plan's calls
 are sampled ones, and greedy calls are few).
 
-Without ``--lengths`` the plan uses :class:`LengthModel` (issue 36): a share ``runaway`` of the
+Without ``--lengths`` the plan uses :class:`LengthModel`: a share ``runaway`` of the
 responses never ends and stops at the cap (greedy and sampled repetition loops land at
 ``max_new_tokens``), the rest is lognormal with the family's mean and spread (plan_table), so
 

@@ -1,4 +1,4 @@
-"""Device memory of every stage, per GPU, as named terms, and whether it fits (issue 23).
+"""Device memory of every stage, per GPU, as named terms, and whether it fits.
 
 Each stage has one or more *roles* (a GRPO training process; an ES engine; GPU 0 where the ES
 trainer sits beside its engine; an evaluation engine). A role's memory is a sum of named terms:

@@ -1,4 +1,4 @@
-"""Host RAM, pinned memory and disk of one node per stage (issue 23): the host side of
+"""Host RAM, pinned memory and disk of one node per stage: the host side of
 :mod:`esreason.experiments.memplan`, whose GPU roles and verdicts it shares."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def largest_tensor_elements(arch: dict[str, Any]) -> int:
 
 def engine_start_host_bytes(arch: dict[str, Any], dtype: str, master_weights: str, restore: str,
                             centre_on_host: bool) -> dict[str, int]:
-    """Host bytes one ES engine holds at start beyond its process (issue 35, item 5), by term.
+    """Host bytes one ES engine holds at start beyond its process, by term.
 
     ``centre``: the centre copy when it lives in host memory (pinned beside a GPU that has no room
     for it, or a CPU engine): fp32 masters for a bf16/fp16 model (``es.master_weights``), else the

@@ -1,4 +1,4 @@
-"""Peak device memory of a stage's step, traced with fake tensors at the real shapes (issue 23).
+"""Peak device memory of a stage's step, traced with fake tensors at the real shapes.
 
 No GPU, no weights, no hub: the model is built from its ``config.json`` values
 (:mod:`esreason.io.architectures`) inside ``torch._subclasses.fake_tensor.FakeTensorMode``,

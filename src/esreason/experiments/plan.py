@@ -1,20 +1,20 @@
 """``esreason experiment plan EXPERIMENT.yaml --gpus N [--json]``: the cost before spending it.
 
-For every stage ``esreason experiment run`` would execute (issue 17, item 5) — training of each
+For every stage ``esreason experiment run`` would execute — training of each
 method (a composition's two stages separately) and the evaluation of each method — the plan states
 what runs where (engines, processes), how many responses are generated and how many tokens, the
 projected wall time and GPU-hours on N GPUs of a stated type, and the memory per GPU. Every
 throughput and constant comes from one table with its source (:mod:`esreason.experiments.plan_table`).
 
 Model of a stage (the runner runs stages one after another, so wall times add up). Each stage's
-wall time is the sum of named terms (``stages[].terms_s``; issue 24), modelled on what the code does:
+wall time is the sum of named terms (``stages[].terms_s``), modelled on what the code does:
 
 - **start**: engines (vLLM) and the trainer process start once per stage (K engines sharing a GPU
   one after another: ``engines_per_gpu``).
 - **engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K): each engine's
   decode step is K / speedup times as long (``plan_table.shared_gpu_speedup``), the K engines of a
   GPU share its HBM for the update, and evaluation decode stays at the GPU's many-row rate.
-- **decode** and **tail** (issue 36, :mod:`esreason.experiments.plan_terms`): a synchronous call
+- **decode** and **tail** (:mod:`esreason.experiments.plan_terms`): a synchronous call
   (an ES member's B prompts; a GRPO process's share of a rollout batch) runs until its longest row
   ends, each step reading the weights and the running rows' KV cache (at least the host floor;
   seeded rows add a sampler iteration each); decode is the call at the mean length, tail the rest.
@@ -77,13 +77,13 @@ class Stage:
     wall_hours: float
     memory_gib_per_gpu: dict[str, float] = field(default_factory=dict)
     roles: Any = None
-    """GPU memory in GiB -> this stage's :class:`esreason.experiments.memplan.Role` list (issue 23)."""
+    """GPU memory in GiB -> this stage's :class:`esreason.experiments.memplan.Role` list."""
     memory: dict[str, Any] = field(default_factory=dict)
     """Per-GPU memory terms of each role at the plan's GPU type, and a verdict per GPU type."""
     host: Any = None
     """GPU memory in GiB -> host RAM, pinned memory and disk of one node (memplan.*_host)."""
     terms: dict[str, float] = field(default_factory=dict)
-    """Named parts of the wall time in seconds (issue 24): start, decode, tail, entropy, update,
+    """Named parts of the wall time in seconds: start, decode, tail, entropy, update,
     train, reload, heldout, checksum, checkpoint, mbpp; ``wall_hours`` is their sum."""
     gpus_held: int = 0
     """GPUs the stage holds (the node's, when it uses fewer); GPU-hours are charged on these."""
@@ -207,7 +207,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     trainer = mem_w * ctx.params / GIB + masters + centre + cfg.es.direction_cache_mb / 1024
     if be.type in ("ray", "vllm"):
         engines = be.engines if be.type == "ray" else 1
-        per_gpu = getattr(be, "engines_per_gpu", 1)  # K engines share a GPU (issue 24, item 5)
+        per_gpu = getattr(be, "engines_per_gpu", 1)  # K engines share a GPU
         tp = plan_tp.tp_of(be)  # GPUs per engine; each rank holds / draws a share (plan_tp.layout)
         lay = plan_tp.layout(cfg.model, tp) if tp > 1 else {"held": ctx.params, "drawn": ctx.params}
         held, drawn = lay["held"] / ctx.params, lay["drawn"] / ctx.params
@@ -247,7 +247,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         wall = sum(terms.values())
         frac = ctx.const("engine_memory_fraction")
         # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
-        # reservation with a 1 GiB + 20% margin, else in pinned host memory (docs/scale.md, "Centre copy").
+        # reservation with a 1 GiB + 20% margin, else in pinned host memory (docs/internals.md, "Centre copy").
         on_gpu = memplan.masters_fit_on_gpu(per_gpu * masters * held, frac, ctx.gpu["memory_gib"])
         engine_gib = frac * ctx.gpu["memory_gib"] + (per_gpu * masters * held if on_gpu else 0.0)  # per GPU
         if masters and not on_gpu:

@@ -2,8 +2,7 @@
 
 Every value is a published figure, a datasheet figure, derived from them by a stated rule, an
 assumption of ours, or measured on one H100 (2026-11-28, ``gpu-results/2026-11-28-h100/`` beside
-the repository: the GRPO padded-token cost, the ES perturb/restore/update costs, HF decode; issue
-36), and says which. Each entry's ``label`` is "measured on one H100" for those, "given" for
+the repository: the GRPO padded-token cost, the ES perturb/restore/update costs, HF decode), and says which. Each entry's ``label`` is "measured on one H100" for those, "given" for
 datasheet/dataset/default values and "estimate" for the rest. Replace a value by a measured one
 (e.g. from ``benchmarks/gpu_es_step.py``) by editing its entry and its ``source``.
 
@@ -51,7 +50,7 @@ class Assumption:
         return {"key": self.key, "value": self.value, "unit": self.unit, "source": self.source, "label": self.label}
 
 
-#: The label (and source prefix) of the constants measured on the lent H100 (issue 36, item 2).
+#: The label (and source prefix) of the constants measured on the lent H100.
 MEASURED_H100 = "measured on one H100"
 H100_RUN = ("2026-11-28, NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, Qwen2.5-1.5B shapes with random bf16 weights; "
             "gpu-results/2026-11-28-h100/")
@@ -165,7 +164,7 @@ CONSTANTS: dict[str, Assumption] = {
     "decode_step_floor_s": Assumption("decode_step_floor_s", 0.003, "s per vLLM decode step, at least",
                                       "assumption (ours): vLLM V1's host work per step (scheduler, input preparation, "
                                       "sampler, output processing) with CUDA graphs; at 1.5B a 64-row step is bound by "
-                                      "it, not by HBM (issue 36; our HF decode on the H100 was launch-bound too)"),
+                                      "it, not by HBM (our HF decode on the H100 was launch-bound too)"),
     "seeded_row_us": Assumption("seeded_row_us", 8.0, "us per seeded row per decode step",
                                 "assumption (ours): vLLM V1's sampler draws each request with its own seed in a Python "
                                 "loop, one exponential_ kernel per row (vllm/v1/sample/ops/topk_topp_sampler.py "
@@ -198,16 +197,16 @@ CONSTANTS: dict[str, Assumption] = {
 #: Mean generated tokens per response by model family (capped by the run's max_new_tokens).
 RESPONSE_TOKENS: dict[str, Assumption] = {
     "instruct": Assumption("response_tokens.instruct", 250, "tokens per response",
-                           "assumption: issue 17's estimate (~250 tokens per response of the Easy "
-                           "setting's Instruct models; benchmarks/noise.py: GSM8K answers of Qwen2.5-1.5B-Instruct "
-                           "~300 tokens)"),
+                           "assumption (ours): ~250 tokens per response of the Easy setting's "
+                           "Instruct models (benchmarks/noise.py: GSM8K answers of Qwen2.5-1.5B-Instruct ~300 "
+                           "tokens)"),
     "r1-distill": Assumption("response_tokens.r1-distill", 4000, "tokens per response",
                              "assumption (ours): R1-distilled models write long chains of thought (the Hard "
                              "setting caps them at 8,192 tokens); half the cap"),
 }
 
 #: Spread of response lengths by model family: coefficient of variation of a lognormal length
-#: distribution with the mean above (issue 24: the tail). Used for the expected longest response of a
+#: distribution with the mean above (the tail term). Used for the expected longest response of a
 #: batch of n (a synchronous call waits for it), capped at the run's max_new_tokens.
 RESPONSE_CV: dict[str, Assumption] = {
     "instruct": Assumption("response_cv.instruct", 0.6, "std / mean of response tokens",
@@ -218,8 +217,8 @@ RESPONSE_CV: dict[str, Assumption] = {
 }
 
 #: Prompt tokens per problem (chat template included), for forwards over prompt + response (the
-#: evaluation's entropy pass scores prompt + response; issue 24). Not measured by us: the paper's
-#: datasets are not on this machine.
+#: evaluation's entropy pass scores prompt + response). Estimates from each dataset's format, not
+#: token counts.
 PROMPT_TOKENS: dict[str, Assumption] = {
     task: Assumption(f"prompt_tokens.{task}", value, "tokens per prompt", f"assumption (ours): {why}")
     for task, value, why in (
@@ -236,7 +235,7 @@ PROMPT_TOKENS: dict[str, Assumption] = {
 DEFAULT_PROMPT_TOKENS = Assumption("prompt_tokens.default", 200, "tokens per prompt",
                                    "assumption (ours): a task without its own figure")
 
-#: Fixed costs of a stage (issue 24): starting engines, writing and verifying checkpoints, checksums.
+#: Fixed costs of a stage: starting engines, writing and verifying checkpoints, checksums.
 OVERHEADS: dict[str, Assumption] = {
     "engine_start_s": Assumption("engine_start_s", 90.0, "s per engine start (engines start in parallel)",
                                  "assumption (ours): vLLM V1 start at 1.5B-7B on an H100 (weights from local "
@@ -263,7 +262,7 @@ OVERHEADS: dict[str, Assumption] = {
 }
 
 
-#: Share of responses that never end and stop at max_new_tokens (issue 36): greedy and sampled
+#: Share of responses that never end and stop at max_new_tokens: greedy and sampled
 #: repetition loops. The default of the experiment key ``plan.runaway_share``.
 RUNAWAY_SHARE: dict[str, Assumption] = {
     "instruct": Assumption("runaway_share.instruct", 0.01, "share of responses at the cap",
@@ -272,8 +271,8 @@ RUNAWAY_SHARE: dict[str, Assumption] = {
                            "of an ES member's 64 is then usually a runaway); set plan.runaway_share from a run's "
                            "completions/clipped_ratio (TRL) or use --lengths"),
     "r1-distill": Assumption("runaway_share.r1-distill", 0.10, "share of responses at the cap",
-                             "assumption (ours): R1-distilled chains of thought often reach an 8k cap (allenai/olmo-eval "
-                             "issue 399 reports 19-37 % cap hits for reasoning models on GPQA/IFEval); we take 10 %"),
+                             "assumption (ours): R1-distilled chains of thought often reach an 8k cap ("
+                             "https://github.com/allenai/olmo-eval/issues/399 reports 19-37 % cap hits for reasoning models on GPQA/IFEval); we take 10 %"),
 }
 
 
@@ -307,8 +306,8 @@ TEST_SIZES: dict[str, tuple[int, str]] = {
     "gsm8k": (1319, "dataset: openai/gsm8k test split"),
     "csqa": (1221, "dataset: tau/commonsense_qa validation split"),
     "hotpotqa": (7405, "dataset: HotpotQA hotpot_dev_distractor_v1.json"),
-    "countdown": (1000, "assumption (ours): HuggingFaceTB/Countdown-Task-GOLD test size not stated; issue 17's "
-                        "~11k problems for the Easy suites"),
+    "countdown": (1000, "assumption (ours): HuggingFaceTB/Countdown-Task-GOLD test size not stated; 1,000 brings "
+                        "the Easy suites to the ~11k problems we estimate for them"),
     "gpqa": (198, "dataset: Idavidrein/gpqa gpqa_diamond"),
     "mbpp": (257, "dataset: google-research-datasets/mbpp sanitized test split"),
     "aime24": (30, "dataset: math-ai/aime24"),
@@ -339,7 +338,7 @@ def throughput(gpu: str, size: str, workload: str) -> Assumption:
 
 
 def shared_gpu_speedup(gpu: str, size: str, engines_per_gpu: int) -> Assumption:
-    """How much more a GPU decodes with K engines of 64 sequences each than with one (issue 24, item 5).
+    """How much more a GPU decodes with K engines of 64 sequences each than with one.
 
     One engine's 64-sequence decode reaches the ``vllm64`` rate, ``DECODE_EFFICIENCY`` of the HBM
     roofline (each step reads the bf16 weights once); we read the rest of the step as time the GPU

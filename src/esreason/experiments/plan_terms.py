@@ -1,4 +1,4 @@
-"""The per-update work terms of ``esreason experiment plan`` (issue 36): what the code, TRL 1.16 and
+"""The per-update work terms of ``esreason experiment plan``: what the code, TRL 1.16 and
 vLLM do in one update, priced with :mod:`esreason.experiments.plan_table`.
 
 - **decode** (:func:`step_s`, :func:`call_s`): a vLLM decode step reads the bf16 weights once and

@@ -329,7 +329,7 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
 
 
 def _memory_check(spec: ExperimentSpec, args: argparse.Namespace) -> None:
-    """Refuse, before anything starts, a stage whose memory does not fit the GPU (issue 23): the GPU
+    """Refuse, before anything starts, a stage whose memory does not fit the GPU: the GPU
     torch sees, or ``--assume-gpu`` on a machine without one. ``--force`` skips the check."""
     from esreason.experiments import memplan
 

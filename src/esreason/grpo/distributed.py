@@ -153,17 +153,16 @@ def shutdown_process_group(vllm_colocated: bool = False) -> None:
 
     Call once per process at the end of a launched run. Without it, gloo's worker threads can
     still hold work objects when Python finalises, and the process aborts at exit ("terminate
-    called without an active exception", SIGABRT) after a run that otherwise finished: seen
-    once in CI with 2 CPU processes. torch documents the call as every trainer process's last
+    called without an active exception", SIGABRT) after a run that otherwise finished (CI
+    has seen it with 2 CPU processes). torch documents the call as every trainer process's last
     step (pytorch/pytorch#122358); for NCCL it also avoids the leaked-communicator warning.
 
     Destroying the group is not enough by itself: DDP's reducer holds a reference to it, and the
     trainer that holds the DDP module sits in a reference cycle (trainer -> callbacks -> our
-    checkpoint closure -> trainer), so after ``run_grpo`` returns the gloo group stayed alive
-    until the cyclic garbage collector ran -- possibly during interpreter finalisation, where
-    gloo's destructor aborted the process (seen a second time in CI, rank 1, after the fix
-    above). Measured in a 2-process run: one DDP module alive after ``run_grpo`` returned, none
-    after ``gc.collect()``. So the cycles are collected first, while the interpreter is alive,
+    checkpoint closure -> trainer), so after ``run_grpo`` returns the gloo group stays alive
+    until the cyclic garbage collector runs -- possibly during interpreter finalisation, where
+    gloo's destructor can abort the process. In a 2-process run one DDP module is alive after
+    ``run_grpo`` returns and none after ``gc.collect()``. So the cycles are collected first, while the interpreter is alive,
     and the group's last reference goes with ``destroy_process_group``.
 
     vllm_colocated: the process runs a vLLM engine (TRL's colocate mode). That engine owns

@@ -170,7 +170,7 @@ def plan_batches(cfg: GRPORunConfig, num_problems: int, num_processes: int = 1) 
 
 def trl_forwards(cfg: GRPORunConfig, num_processes: int = 1) -> dict[str, int]:
     """Forward-equivalents TRL 1.16 runs per padded token of a rollout under this config's batching
-    (the plan's GRPO train term, issue 36); a backward counts as two forwards.
+    (the plan's GRPO train term); a backward counts as two forwards.
 
     - ``train``: 3, the loss forward and its backward (``GRPOTrainer._compute_loss``);
     - ``recompute``: 1 with ``grpo.gradient_checkpointing`` (the backward reruns each checkpointed

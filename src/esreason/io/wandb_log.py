@@ -1,4 +1,4 @@
-"""Weights & Biases logging beside RUN/metrics.jsonl and TensorBoard (``logging.wandb``, issue 37).
+"""Weights & Biases logging beside RUN/metrics.jsonl and TensorBoard (``logging.wandb``).
 
 W&B is optional (``pip install 'esreason[wandb]'``) and imported only here, lazily, when a
 config sets ``logging.wandb.project``; without it that key fails with one line naming the extra

@@ -26,12 +26,12 @@ The interval is ``estimate ± t_{(1+level)/2, df} sqrt(V)`` with Welch–Sattert
 mean squares, capped at the seeds' df ``sum_m (S_m - 1)`` over every method with a seed term
 (so 3 seeds give few df and a wide interval, as they must).
 
-Detection floor (issue 37 item 5). The usual variance-components rule truncates a negative ANOVA
+Detection floor. The usual variance-components rule truncates a negative ANOVA
 estimate at 0 (Searle, Casella & McCulloch 1992, *Variance Components*), and Satterthwaite df
-then lose the zero component: before this issue the term became 0 *and* its
-S - 1 df left the cap, so at S = 3 the interval fell to evaluation noise with normal quantiles
-(about 1.5 pp wide instead of 5.8 in the demo's shape) while its label still said "3 training
-seeds"; against Base those intervals covered 0.38-0.75 at 1-2 pp of seed spread. With S - 1 = 2 df a
+then lose the zero component: under that rule alone the term becomes 0 *and* its
+S - 1 df leave the cap, so at S = 3 the interval falls to evaluation noise with normal quantiles
+(about 1.5 pp wide instead of 5.8 in the demo's shape) while its label still says "3 training
+seeds"; against Base such intervals cover 0.38-0.75 at 1-2 pp of seed spread. With S - 1 = 2 df a
 truncated estimate says little: the seed mean square ``raw`` is ``E[raw] chi^2_{S-1} / (S-1)``,
 so it falls below the residual part ``corr`` with probability ``F_{chi^2_{S-1}}((S-1) corr /
 E[raw])`` - 5 % even when sigma^2_a / S is 18.5 times ``corr`` at S = 3. Two changes:

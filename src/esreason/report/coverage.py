@@ -23,8 +23,8 @@ Pass@1 on task t is ``E[expit(N(mu_t + delta_m, tau^2 + sd_eta^2 + sd_alpha^2 + 
 it. Two comparisons: a trained method against Base (``"base"``) and two independently trained
 methods (``"independent"``: ES vs GRPO).
 
-Each simulated interval also records whether its ANOVA seed estimate was <= 0 ("truncated", the
-event of issue 37 item 5: the old rule then set the seed term to 0 and dropped its df), so the
+Each simulated interval also records whether its ANOVA seed estimate was <= 0 ("truncated": the
+usual rule would then set the seed term to 0 and drop its df; :mod:`esreason.report.components`), so the
 table shows the coverage of those intervals (:class:`CoverageCell`) beside the overall one.
 """
 
@@ -171,8 +171,8 @@ def percentile_intervals(per_task: dict[str, np.ndarray], level: float = 0.95) -
 
 def crossed_bootstrap(sides: list[tuple[float, dict[str, np.ndarray]]], resamples: int, rng: np.random.Generator,
                       paired: bool, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """The replaced method (the crossed two-level percentile bootstrap of Agarwal et al. 2021 as
-    shipped before issue 25): seeds and problems resampled, seed draws shared when ``paired``."""
+    """The replaced method (the crossed two-level percentile bootstrap of Agarwal et al. 2021,
+    kept for comparison): seeds and problems resampled, seed draws shared when ``paired``."""
     tasks = list(sides[0][1])
     n_seeds = [next(iter(tab.values())).shape[-2] for _, tab in sides]
     w_shared = rng.multinomial(max(n_seeds), np.full(max(n_seeds), 1.0 / max(n_seeds)), size=resamples)

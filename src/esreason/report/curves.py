@@ -9,7 +9,7 @@ offset. Quantities:
   over the group samples). No base-model value is logged for it, so that panel has no
   reference line. Levels differ between methods by construction (ES members decode at the
   run's generation temperature, greedy in the paper's setting; GRPO samples at 1.0), so
-  the reward is split by *measure* (issue 27): each training stage's rows go to the panel of
+  the reward is split by *measure*: each training stage's rows go to the panel of
   the measure its run logged them with (:func:`reward_measure`, from the stage's
   ``config.yaml``: greedy, or sampled at temperature t), one panel per measure, keyed
   ``reward/mean|<measure>``. A composition's two stages then sit in two panels, and no

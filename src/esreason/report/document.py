@@ -61,7 +61,7 @@ def _protocol_lines(exp: Experiment) -> list[str]:
 
 
 def estimand_line(exp: Experiment, protocol: dict) -> str:
-    """Over what the claims generalise (issue 25, item 5)."""
+    """Over what the claims generalise."""
     seeds = ("training seeds drawn from the seed population" if exp.n_seeds > 1 else
              "one training seed: the claims are about that seed's checkpoints, not about training runs in general")
     return (f"- estimand: the equal-weight average over these tasks (fixed: {', '.join(exp.tasks)}) of the "
@@ -70,7 +70,7 @@ def estimand_line(exp: Experiment, protocol: dict) -> str:
 
 
 def family_line() -> str:
-    """The family of claims, the error rate and the correction (issue 25, item 3)."""
+    """The family of claims, the error rate and the correction."""
     from esreason.report.family import CORRECTION
 
     return ("- family: the paper claims below that have an interval (marked 'family'); error rate controlled: "
@@ -80,7 +80,7 @@ def family_line() -> str:
 
 
 def stability_line(resamples: int) -> str:
-    """The bootstrap's stated endpoint stability (issue 25, item 4)."""
+    """The bootstrap's stated endpoint stability."""
     from esreason.report.resample import GRID_ERROR_MEASURED, STABILITY, STABILITY_MEASURED
 
     mc = STABILITY_MEASURED["resampled"]

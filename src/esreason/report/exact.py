@@ -9,7 +9,7 @@ the number of resamples grows, the replicates' distribution tends to the distrib
     A = (1/T) sum_t (1/n_t) sum_{i=1..n_t} X_ti,   X_ti drawn uniformly from task t's values,
 
 a sum of independent draws, whose distribution is the convolution of the draws' distributions.
-This module computes that distribution directly (issue 25, item 4): every draw's value
+This module computes that distribution directly, so no endpoint depends on a resample count: every draw's value
 ``x / (n_t T)`` is placed on a grid of spacing ``h``; the characteristic function of the sum is
 the product over tasks of (one draw's DFT) ** n_t; one inverse FFT gives the mass of every grid
 point. The percentile endpoints are then read off the same continuity-corrected CDF the Monte

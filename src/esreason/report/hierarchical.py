@@ -1,7 +1,7 @@
 """Two-level bootstrap over training runs (seeds) and problems, and the probability of improvement.
 
-Since issue 25 the report's verdicts and table intervals do not use the crossed percentile bootstrap
-below: simulated at the demo's shape it covered 0.78-0.84 instead of 0.95 once training seeds vary
+The report's verdicts and table intervals do not use the crossed percentile bootstrap below:
+simulated at the demo's shape it covered 0.78-0.84 instead of 0.95 once training seeds vary
 (3 seeds; docs/report.md "Coverage"), because a percentile interval over 3 seed values cannot be
 wider than their range. They use the seed-level t-interval of :mod:`esreason.report.components`.
 This module keeps the crossed bootstrap for the *probability of improvement* (a description, not a

@@ -298,7 +298,8 @@ _PANEL_TITLES = {"reward/mean": (f"Training reward (faint: per update; line: mea
 
 
 def _panel_text(key: str) -> tuple[str, str]:
-    """(title, y label) of a panel. A reward panel names its measure in both (issue 27)."""
+    """(title, y label) of a panel. A reward panel names its measure in both: ES's greedy
+    reward and GRPO's sampled reward are different measures and never share an axis."""
     measure = panel_measure(key)
     if measure is not None:
         return (f"Training reward: {measure}",

@@ -1,6 +1,6 @@
 """The report's Monte Carlo problem bootstrap: one resample count, drawn in chunks as count matrices.
 
-Since issue 25 the report reads its one-seed percentile intervals off the bootstrap's *exact*
+The report reads its one-seed percentile intervals off the bootstrap's *exact*
 distribution (:mod:`esreason.report.exact`: the limit of infinitely many resamples, computed by
 convolution), so their endpoints do not move between bootstrap seeds at all. This module draws
 replicates where that is not possible: a task with a missing value (the replicate mean is then a

@@ -17,7 +17,7 @@ Point estimates always come from the summaries (task means, equal weight per tas
 problem files only supply the intervals. When a needed ``problems.jsonl`` is missing
 the interval is None (the number is still reported).
 
-With several training seeds (issue 25) an interval that involves a seeded method is the seed-level
+With several training seeds an interval that involves a seeded method is the seed-level
 variance-components t-interval of :mod:`esreason.report.components` instead; seeds are paired only
 for nested runs (:func:`nested`). The percentile bootstrap here reads its endpoints off the
 bootstrap's exact distribution (:mod:`esreason.report.exact`: the limit of infinitely many

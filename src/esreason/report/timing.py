@@ -1,4 +1,4 @@
-"""Planned vs actual wall time per stage (issue 24): the plan an experiment was launched with
+"""Planned vs actual wall time per stage: the plan an experiment was launched with
 (``EXP/plan.json``, written by ``esreason experiment run --plan FILE``) beside the seconds the
 runner measured (``experiment.json`` ``timings``).
 

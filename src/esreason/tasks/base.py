@@ -108,8 +108,8 @@ class RenderedPrompts(Sequence[str]):
 
     A training split is large (the demo's 20,000 problems, GSM8K's 7,473) and an ES run reads only
     the mini-batches it draws (at most ``batch_size * steps`` problems: 480 for the 30-update configs/demo/es.yaml),
-    so rendering every prompt up front cost a chat-template call per problem before the first update
-    (0.65 s per run on the demo split, measured here). Item ``i`` is exactly
+    so rendering every prompt up front would cost a chat-template call per problem before the first
+    update (0.65 s per run on the demo split). Item ``i`` is exactly
     ``problem_prompt(tokenizer, problems[i])``.
     """
 
