@@ -1,4 +1,4 @@
-"""The ``backend:`` section of an ES run config: where the population is evaluated (docs/scale.md).
+"""The ``backend:`` section of an ES run config: where the population is evaluated (docs/gpu-layout.md).
 
 It lives here rather than in :mod:`esreason.config` to keep that module under the 500-line limit;
 :class:`esreason.config.RunConfig` declares ``backend: BackendConfig`` and its ``validate`` checks
@@ -13,7 +13,7 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Where the population is evaluated (docs/scale.md, docs/tensor-parallel.md)."""
+    """Where the population is evaluated (docs/gpu-layout.md, docs/tensor-parallel.md)."""
 
     type: Literal["hf", "batched", "ray", "vllm"] = "hf"
     """hf: one in-process transformers model, members one at a time (the reference).
@@ -22,7 +22,7 @@ class BackendConfig:
     engines: int = 1
     """Engines in the pool (``ray``); 1 for the in-process backends."""
     engines_per_gpu: int = 1
-    """ray, vLLM engines: K share a GPU, 1/K of it and of its memory reservation each (docs/scale.md)."""
+    """ray, vLLM engines: K share a GPU, 1/K of it and of its memory reservation each (docs/gpu-layout.md)."""
     ray_address: str | None = None
     """Address of an existing Ray cluster (``ray``); None starts a local Ray instance."""
     population_batch: int = 0
@@ -34,7 +34,7 @@ class BackendConfig:
     """ray: how the engines apply an update. replicated: each engine redraws all N directions.
     sharded: the N members are cut into ``engines`` shards, each engine sums its own and the
     engines add the sums exactly with one int64 all-reduce per noise block; the trainer's centre
-    is updated in the background (docs/scale.md, "Sharded update"). Bit-identical on every engine
+    is updated in the background (docs/internals.md, "Sharded update"). Bit-identical on every engine
     and for any number of live engines, but rounded differently from replicated."""
     engine: Literal["auto", "hf", "vllm"] = "auto"
     """ray: the engine each actor runs. auto: HF on the CPU (``device: cpu``), vLLM on GPUs.

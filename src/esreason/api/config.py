@@ -154,7 +154,7 @@ class ESConfig:
     # --- backend -----------------------------------------------------------------------------
     backend: Literal["auto", "hf", "batched", "ray", "vllm"] = "auto"
     """Population evaluation: 'auto' = batched for the embedded default (float32 on the CPU;
-    bit-identical to hf and faster), hf otherwise; or hf, batched, ray, vllm (docs/scale.md)."""
+    bit-identical to hf and faster), hf otherwise; or hf, batched, ray, vllm (docs/gpu-layout.md)."""
     engines: int = 1
     """Engines of a Ray pool."""
     engines_per_gpu: int = 1

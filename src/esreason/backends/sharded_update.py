@@ -1,4 +1,4 @@
-"""The Ray pool's sharded update (``backend.update: sharded``; docs/scale.md, "Sharded update").
+"""The Ray pool's sharded update (``backend.update: sharded``; docs/internals.md, "Sharded update").
 
 With the replicated update every engine redraws all N directions; here each of the E
 engines sums only its shards of the population and the engines add the sums with one

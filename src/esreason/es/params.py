@@ -102,7 +102,7 @@ class CentredParameters:
             # masters it is not kept: the model-dtype centre is round(master) by construction
             # (at the snapshot exactly, after every update because apply_update writes
             # p = round(master)), so restoring from the master gives the same bits and saves
-            # one copy of the weights (docs/scale.md, "Memory").
+            # one copy of the weights (docs/internals.md, "Memory of an ES step").
             self._centre = ({n: p.detach().clone() for n, p in self.params}
                             if self.restore_mode == "exact" and self._master is None else None)
 

@@ -103,7 +103,7 @@ def reference_placement(cfg: RunConfig) -> tuple[str, str | None]:
     belongs to an engine: the trainer's reference centre (checkpoints, checksums,
     re-broadcasts) then lives in host memory and draws its update directions on the GPU, so
     it moves exactly as the engines do while holding only the CUDA context and three noise
-    blocks of GPU memory (docs/scale.md, "What would break first on a GPU").
+    blocks of GPU memory (docs/internals.md, "The trainer's reference in host memory").
     """
     if cfg.device.startswith("cuda") and cfg.backend.type in ("vllm", "ray"):
         return "cpu", cfg.device

@@ -247,7 +247,7 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         wall = sum(terms.values())
         frac = ctx.const("engine_memory_fraction")
         # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
-        # reservation with a 1 GiB + 20% margin, else in pinned host memory (docs/scale.md, "Centre copy").
+        # reservation with a 1 GiB + 20% margin, else in pinned host memory (docs/internals.md, "Centre copy").
         on_gpu = memplan.masters_fit_on_gpu(per_gpu * masters * held, frac, ctx.gpu["memory_gib"])
         engine_gib = frac * ctx.gpu["memory_gib"] + (per_gpu * masters * held if on_gpu else 0.0)  # per GPU
         if masters and not on_gpu:

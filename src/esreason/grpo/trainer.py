@@ -351,7 +351,7 @@ def trl_args_for_run(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path
 def checkpointing_field() -> str:
     """TrainingArguments' name for activation recomputation: ``activation_checkpointing`` from
     transformers 5.23 (``gradient_checkpointing`` is its deprecated alias there), only
-    ``gradient_checkpointing`` in 5.20 (inside vLLM 0.33's range; docs/scale.md, "Installing")."""
+    ``gradient_checkpointing`` in 5.20 (inside vLLM 0.33's range; docs/install.md)."""
     names = {f.name for f in dataclasses.fields(GRPOConfig)}
     return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
