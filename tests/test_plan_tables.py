@@ -1,9 +1,9 @@
-"""The README's and docs/planning.md's plan tables equal the plan command's output.
+"""The plan tables of the README, docs/planning.md and docs/gpu-layout.md equal the plan command's output.
 
-The rows come from scripts/plan_tables.py and scripts/memory_table.py, which run
-``esreason experiment plan configs/experiments/X.yaml --gpus 8 [--hf-only] --json`` in process; a
-change to a plan term, a throughput constant or a shipped config that is not followed by
-regenerating the docs (run the two scripts, paste their rows) fails here, naming the row.
+The rows come from scripts/plan_tables.py, scripts/memory_table.py and scripts/plan_variants.py,
+which run ``esreason experiment plan configs/experiments/X.yaml --gpus G [--hf-only] [--set ...] --json``
+in process. A change to a plan term, a throughput constant or a shipped config that is not followed
+by regenerating the docs (run the three scripts, paste their rows) fails here, naming the rows.
 """
 
 from __future__ import annotations
@@ -31,16 +31,21 @@ def tables():
     cwd = os.getcwd()
     os.chdir(REPO)  # the scripts name configs/experiments/*.yaml relative to the repository
     try:
-        pt, mt = _script("plan_tables"), _script("memory_table")
-        mt.plan = pt.plan  # one plan per experiment for both tables
-        yield {"README.md": pt.readme_rows(), "docs/planning.md": pt.planning_rows() + mt.rows()}
+        pt, mt, pv = _script("plan_tables"), _script("memory_table"), _script("plan_variants")
+        mt.plan = pt.plan  # one plan per experiment for every table
+        pv._plan_tables = lambda: pt
+        yield {"README.md": pt.readme_rows(),
+               "docs/planning.md": pt.planning_rows() + pv.sensitivity_rows() + pv.anchor_rows() + mt.rows()
+               + pv.host_rows(),
+               "docs/gpu-layout.md": pv.engines_per_gpu_rows()}
     finally:
         os.chdir(cwd)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/planning.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/planning.md", "docs/gpu-layout.md"])
 def test_docs_tables_are_the_plan_commands_output(tables, doc):
     text = (REPO / doc).read_text()
     missing = [row for row in tables[doc] if row not in text.splitlines()]
     assert not missing, (f"{doc} does not hold these rows of the plan's output (regenerate with "
-                         f"`python scripts/plan_tables.py` and `python scripts/memory_table.py`):\n" + "\n".join(missing))
+                         f"`python scripts/plan_tables.py`, `python scripts/memory_table.py` and "
+                         f"`python scripts/plan_variants.py`):\n" + "\n".join(missing))

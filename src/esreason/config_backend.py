@@ -1,4 +1,4 @@
-"""The ``backend:`` section of an ES run config: where the population is evaluated (docs/internals.md).
+"""The ``backend:`` section of an ES run config: where the population is evaluated (docs/gpu-layout.md).
 
 It lives here rather than in :mod:`esreason.config` to keep that module under the 500-line limit;
 :class:`esreason.config.RunConfig` declares ``backend: BackendConfig`` and its ``validate`` checks
@@ -13,7 +13,7 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Where the population is evaluated (docs/internals.md, docs/tensor-parallel.md)."""
+    """Where the population is evaluated (docs/gpu-layout.md, docs/tensor-parallel.md)."""
 
     type: Literal["hf", "batched", "ray", "vllm"] = "hf"
     """hf: one in-process transformers model, members one at a time (the reference).

@@ -43,7 +43,7 @@ NOT_INSTALLED = "not installed"
 # https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html
 MIN_LINUX_DRIVER: dict[int, int] = {11: 450, 12: 525, 13: 580}
 NVIDIA_SMI_TIMEOUT_S = 5.0
-OLDER_DRIVER_HINT = 'see README, "Quick start": the line for older drivers'
+OLDER_DRIVER_HINT = 'see docs/install.md, "Which NVIDIA driver the GPU line needs": the line for older drivers'
 
 
 def _version(dist: str, module: str) -> str:

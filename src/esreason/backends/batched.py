@@ -27,7 +27,7 @@ block (rows per member >= 4, padded). With this, logits are bit-identical to seq
 decoding on CPU (tests/test_batched.py checks texts, rewards and a 2-step ES checkpoint).
 On other devices (CUDA) GEMM results may depend on the batch shape in other ways: there
 rewards are equal unless a greedy argmax or a sampling boundary sits within rounding
-error (docs/internals.md, "Batched evaluation").
+error (not measured on a GPU; docs/internals.md, "Batched evaluation").
 
 Member weights come from the policy itself (perturb, copy out, restore; see
 ``PopulationModel.stack_members``), so every perturbation mode of the policy (dense or

@@ -24,7 +24,7 @@ groups keep their settings. A dropped group is aborted (``abort()``), so its com
 and a wedged kernel are released before the next group forms. Limits: a peer that dies
 *inside* a kernel can leave the GPU stream unusable until the communicator is aborted, and
 a crash of the vLLM worker process itself still surfaces as a lost engine (the pool replaces
-it). Never exercised on GPUs by this project (docs/gpu-layout.md, "What would break first on a GPU").
+it). Never exercised on GPUs by this project (docs/internals.md, "GPU-specific risks").
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def reference_placement(cfg: RunConfig) -> tuple[str, str | None]:
     belongs to an engine: the trainer's reference centre (checkpoints, checksums,
     re-broadcasts) then lives in host memory and draws its update directions on the GPU, so
     it moves exactly as the engines do while holding only the CUDA context and three noise
-    blocks of GPU memory (docs/gpu-layout.md, "What would break first on a GPU").
+    blocks of GPU memory (docs/internals.md, "The trainer's reference in host memory").
     """
     if cfg.device.startswith("cuda") and cfg.backend.type in ("vllm", "ray"):
         return "cpu", cfg.device
@@ -186,8 +186,7 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     policy = HFPolicy(model, tokenizer, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
                       # a host-resident reference never perturbs: a direction cache would only hold GPU memory
                       direction_cache_mb=cfg.es.direction_cache_mb if noise_device is None else 0,
-                      perturbation=cfg.es.perturbation, rank=cfg.es.rank, noise_device=noise_device,
-                      anchor_decay=cfg.es.anchor_decay)
+                      perturbation=cfg.es.perturbation, rank=cfg.es.rank, noise_device=noise_device)
     if start_step:
         policy.load_masters(start_model)
     prompts = tasks.RenderedPrompts(tokenizer, problems)  # rendered as the schedule draws them
@@ -195,9 +194,6 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     generator = Sampler(model, tokenizer, batch_size=cfg.generation.batch_size)
 
     out.mkdir(parents=True, exist_ok=True)
-    from esreason.es_loop.anchor import keep_run_anchor
-
-    keep_run_anchor(out, policy, start_step)  # es.anchor_decay > 0: theta_0 is the run's start model
     if check.rewrite_config:
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
     if check.rewrite_manifest:

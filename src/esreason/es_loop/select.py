@@ -1,4 +1,4 @@
-"""Backend selection from ``backend.type`` (docs/internals.md).
+"""Backend selection from ``backend.type`` (docs/gpu-layout.md).
 
 :func:`build_evaluator` returns the population evaluator the ES trainer uses; the
 trainer's in-process policy stays the authoritative centre in every mode.
