@@ -101,7 +101,7 @@ ANCHORS = (
     ("es-at-scale, vLLM version, 4 x H100 (\"~10x faster\" than its HF version's 559 s)", "~56 s",
      ("configs.es.es.population_size=30", "configs.es.train.batch_size=200", "configs.es.backend.engines=4"), 4),
     ("the authors' figure carried to the Easy setting (~27 responses/s per GPU, 8 GPUs)", "~9.5 s", (), 8),
-    ("es-at-scale, HF version, 4 x H200 (VsonicV/es-at-scale issue 4)", "559 s",
+    ("es-at-scale, HF version, 4 x H200 (VsonicV/es-at-scale#4)", "559 s",
      ("configs.es.es.population_size=30", "configs.es.train.batch_size=200"), None),
 )
 
