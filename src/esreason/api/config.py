@@ -30,7 +30,7 @@ FIELD_KEYS: dict[str, str] = {
     "dtype": "dtype", "device": "device",
     **{k: f"es.{k}" for k in ("population_size", "sigma", "alpha", "shaping", "zscore_eps", "estimator",
                               "format_reward", "restore", "master_weights", "sampling_seeds", "direction_cache_mb",
-                              "reward_control", "perturbation", "rank")},
+                              "reward_control", "perturbation", "rank", "anchor_decay")},
     **{k: f"train.{k}" for k in ("batch_size", "epochs", "max_steps", "seed", "split", "limit", "stream_start")},
     "temperature": "generation.temperature", "top_p": "generation.top_p",
     "max_new_tokens": "generation.max_new_tokens", "generation_batch_size": "generation.batch_size",
@@ -103,6 +103,8 @@ class ESConfig:
     """full (paper) or lowrank (EGGROLL-style A B^T directions)."""
     rank: int = 1
     """Rank of the low-rank directions."""
+    anchor_decay: float = 0.0
+    """Anchored ES: lambda of the pull theta <- theta - alpha * lambda * (theta - theta_0) after every update."""
     # --- train -------------------------------------------------------------------------------
     batch_size: int = 16
     """B: prompts every member answers per update."""

@@ -6,7 +6,8 @@ master weights, and the three operations the paper's procedure needs:
 
 - ``perturb(seed, sigma)``: theta <- centre + sigma * eps(seed)   (step 3)
 - ``restore()``: theta <- centre                                     (step 3)
-- ``apply_update(seeds, weights, alpha)``: centre += alpha/N sum w_i eps_i  (step 5)
+- ``apply_update(seeds, weights, alpha)``: centre += alpha/N sum w_i eps_i  (step 5), then, with
+  ``anchor_decay`` lambda > 0, centre -= alpha * lambda * (centre - theta_0) (:mod:`esreason.es.anchor`)
 
 Restore modes (DESIGN §3):
 
@@ -50,6 +51,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from esreason.es.anchor import anchor_factor, snapshot_anchor
 from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
 from esreason.es.cache import DirectionCache
 from esreason.es.lowrank import Perturbation
@@ -69,13 +71,21 @@ def unique_named_parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn
 
 
 class CentredParameters:
-    """ES perturbation state of a module's parameters (see module docstring)."""
+    """ES perturbation state of a module's parameters (see module docstring).
+
+    anchor_decay: lambda of anchored ES (:mod:`esreason.es.anchor`); > 0 keeps theta_0, the weights at
+    construction; the tensors of :meth:`anchor_state` are filled in place to replace it (the run's start
+    weights on a resume: :meth:`esreason.backends.hf.HFPolicy.load_anchor`).
+    """
 
     def __init__(self, params: Iterable[tuple[str, torch.nn.Parameter]], *,
                  restore: str = "exact", master: bool = False, cache_bytes: int = 0,
-                 perturbation: str = "full", rank: int = 1, noise_device: torch.device | str | None = None) -> None:
+                 perturbation: str = "full", rank: int = 1, noise_device: torch.device | str | None = None,
+                 anchor_decay: float = 0.0) -> None:
         if restore not in ("exact", "subtract"):
             raise ValueError(f"unknown restore mode {restore!r}")
+        if anchor_decay < 0:
+            raise ValueError(f"anchor_decay must be >= 0 (got {anchor_decay})")
         self.params = list(params)
         # Where updates draw their directions; None = each tensor's own device. Set for a
         # host-resident reference centre that must move as GPU engines do (update only).
@@ -89,6 +99,9 @@ class CentredParameters:
         self._active: tuple[int, float] | None = None  # (seed, sigma) currently applied
         self.cache = DirectionCache(int(cache_bytes))  # this update's directions
         self._snapshot()
+        self.anchor_decay = float(anchor_decay)
+        # theta_0 in the model dtype (host memory for GPU weights); None without anchored ES
+        self._anchor = snapshot_anchor(self.params) if self.anchor_decay > 0 else None
 
     # ------------------------------------------------------------------ state
 
@@ -121,6 +134,10 @@ class CentredParameters:
             raise RuntimeError("master weights are disabled")
         for n, _ in self.params:
             self._master[n].copy_(state[n])
+
+    def anchor_state(self) -> dict[str, torch.Tensor] | None:
+        """theta_0 in the model dtype (for the run's anchor file), or None without anchored ES."""
+        return self._anchor
 
     @property
     def num_parameters(self) -> int:
@@ -163,7 +180,8 @@ class CentredParameters:
     @torch.no_grad()
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float,
                      sharding: Sharding | None = None) -> float:
-        """centre <- centre + alpha/N * sum_i w_i eps(seeds_i); returns ||theta_new - theta_old||_2.
+        """centre <- centre + alpha/N * sum_i w_i eps(seeds_i) (then pulled toward theta_0 when
+        ``anchor_decay`` > 0); returns ||theta_new - theta_old||_2.
 
         ``sharding``: compute the sum sharded and added exactly (:mod:`esreason.es.sharded`);
         None is the replicated update.
@@ -177,13 +195,16 @@ class CentredParameters:
             raise RuntimeError("apply_update() while a member is applied; restore() first")
         if len(seeds) != len(weights):
             raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
+        anchor_factor(alpha, self.anchor_decay)  # ValueError before anything moves when alpha * lambda >= 1
         t0 = time.perf_counter()
         sq: torch.Tensor | None = None  # float64 scalar per device, summed in tensor order
         for name, p in self.params:
             part = update_tensor(p, name, seeds, weights, alpha, rank=self._ranks[name],
                                  master=None if self._master is None else self._master[name],
                                  centre=None if self._centre is None else self._centre[name], cache=self.cache,
-                                 sharding=sharding, noise_device=self.noise_device)
+                                 sharding=sharding, noise_device=self.noise_device,
+                                 anchor=None if self._anchor is None else self._anchor[name],
+                                 anchor_decay=self.anchor_decay)
             sq = part if sq is None else sq + part.to(sq.device)
         self.cache.clear()
         self.timings["update"] += time.perf_counter() - t0

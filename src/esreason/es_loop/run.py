@@ -186,7 +186,8 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     policy = HFPolicy(model, tokenizer, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
                       # a host-resident reference never perturbs: a direction cache would only hold GPU memory
                       direction_cache_mb=cfg.es.direction_cache_mb if noise_device is None else 0,
-                      perturbation=cfg.es.perturbation, rank=cfg.es.rank, noise_device=noise_device)
+                      perturbation=cfg.es.perturbation, rank=cfg.es.rank, noise_device=noise_device,
+                      anchor_decay=cfg.es.anchor_decay)
     if start_step:
         policy.load_masters(start_model)
     prompts = tasks.RenderedPrompts(tokenizer, problems)  # rendered as the schedule draws them
@@ -194,6 +195,9 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     generator = Sampler(model, tokenizer, batch_size=cfg.generation.batch_size)
 
     out.mkdir(parents=True, exist_ok=True)
+    from esreason.es_loop.anchor import keep_run_anchor
+
+    keep_run_anchor(out, policy, start_step)  # es.anchor_decay > 0: theta_0 is the run's start model
     if check.rewrite_config:
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
     if check.rewrite_manifest:
