@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -45,19 +44,11 @@ DEMO_ES = ROOT / "configs" / "demo" / "es.yaml"
 STATE_DIR_VAR = "ESREASON_ENGINE_DIR"
 
 
-@contextmanager
 def _env(**values: str):
     """``values`` in os.environ for the block (a raylet started inside inherits them)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    from esreason.backends.collective import environment
+
+    return environment(values)
 
 
 def _node_id(node) -> str:

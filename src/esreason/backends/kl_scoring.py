@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
-from esreason.backends.scoring import SLICE_TOKENS, TOKENS_PER_FORWARD, _decoder_and_head
+from esreason.backends.scoring import SLICE_TOKENS, TOKENS_PER_FORWARD, _decoder_and_head, right_padded
 
 
 def token_kl(base_logits: torch.Tensor, tuned_logits: torch.Tensor) -> torch.Tensor:
@@ -93,15 +93,7 @@ class TokenKLScorer:
 
     def _score_batch(self, prompts: list[Sequence[int]], responses: list[Sequence[int]]) -> list[float]:
         """One right-padded forward per model over prompt + response rows; KL sums per row (float64)."""
-        lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-        width = max(lengths)
-        ids = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, W]
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, W]
-        for j, (p, r) in enumerate(zip(prompts, responses)):
-            ids[j, :lengths[j]] = torch.tensor(list(p) + list(r), dtype=torch.long)
-            mask[j, :lengths[j]] = 1
-        pos = torch.arange(width).unsqueeze(0).expand(len(prompts), -1)  # [B, W] (right padding)
-        kw = dict(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), position_ids=pos.to(self.device))
+        kw = right_padded(prompts, responses, self.device)
         hidden = [body(**kw).last_hidden_state for body, _ in self.parts]  # 2 x [B, W, H]
         out = []
         for j, (p, r) in enumerate(zip(prompts, responses)):

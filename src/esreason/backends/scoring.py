@@ -44,6 +44,20 @@ SLICE_TOKENS = 256
 TOKENS_PER_FORWARD = 16384
 
 
+def right_padded(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], device: Any) -> dict[str, Any]:
+    """The forward's keyword arguments for prompt + response rows, right-padded to the longest:
+    ``input_ids`` and ``attention_mask`` [B, W] and ``position_ids`` 0..W-1 per row, on ``device``."""
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    width = max(lengths)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, W]
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, W]
+    for j, (p, r) in enumerate(zip(prompts, responses)):
+        ids[j, :lengths[j]] = torch.tensor(list(p) + list(r), dtype=torch.long)
+        mask[j, :lengths[j]] = 1
+    pos = torch.arange(width).unsqueeze(0).expand(len(prompts), -1)  # [B, W] (right padding)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": pos.to(device)}
+
+
 def _decoder_and_head(model: Any) -> tuple[Any, Any]:
     """(the body returning final hidden states, the LM head) of a transformers causal LM."""
     body = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
@@ -157,16 +171,7 @@ class EntropyScorer:
 
     def _score_batch(self, prompts: list[Sequence[int]], responses: list[Sequence[int]], t: float) -> list[float]:
         """One right-padded forward over prompt + response rows; entropy sums per row."""
-        lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-        width = max(lengths)
-        ids = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, W]
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, W]
-        for j, (p, r) in enumerate(zip(prompts, responses)):
-            ids[j, :lengths[j]] = torch.tensor(list(p) + list(r), dtype=torch.long)
-            mask[j, :lengths[j]] = 1
-        pos = torch.arange(width).unsqueeze(0).expand(len(prompts), -1)  # [B, W] (right padding)
-        hidden = self.body(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                           position_ids=pos.to(self.device)).last_hidden_state  # [B, W, H]
+        hidden = self.body(**right_padded(prompts, responses, self.device)).last_hidden_state  # [B, W, H]
         # logits at positions [len(p) - 1, len(p) + len(r) - 1) choose the response tokens
         return [float(self._entropy(hidden[j, len(p) - 1:len(p) + len(r) - 1], t))
                 for j, (p, r) in enumerate(zip(prompts, responses))]
