@@ -44,7 +44,7 @@ def test_calibrated_plan_prices_each_stage_with_the_runners_structure():
     names = [s["name"] for s in plan["stages"]]
     assert names == ["eval/base", "train/grpo", "eval/grpo", "train/es", "eval/es", "train/es_grpo/stage1_es",
                      "train/es_grpo/stage2_grpo", "eval/es_grpo", "train/grpo_es/stage1_grpo",
-                     "train/grpo_es/stage2_es", "eval/grpo_es", "report"]  # the table plan's names, in run order
+                     "train/grpo_es/stage2_es", "eval/grpo_es", "offtask", "report"]  # the table plan's names, in run order
     st = {s["name"]: s["terms_s"] for s in plan["stages"]}
     assert st["train/es"] == {"start": 2.0, "decode": 50.0, "update": 10.0, "heldout": 6.25, "checkpoint": 0.2}
     assert st["train/grpo"] == {"start": 4.0, "decode": 30.0, "train": 5.0, "heldout": 5.0, "checkpoint": 0.4}
@@ -156,7 +156,7 @@ def test_calibrated_plan_of_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
     assert main(["experiment", "plan", str(DEMO), "--calibrate", "--json", "--max-spread", "1000", *sets]) == 0
     plan = json.loads(capfd.readouterr().out)  # stdout is the plan alone (logs go to stderr)
     assert plan["calibrated"] and plan["max_spread"] == 1000 and {s["name"] for s in plan["stages"]} == {
-        "eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "report"}
+        "eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "offtask", "report"}
     c = plan["calibration"]
     for kind, other in (("es", "update"), ("grpo", "train")):
         rates, samples = c[kind], c[kind]["samples"]
@@ -190,7 +190,8 @@ def test_calibrated_plan_of_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
     from esreason.report import timing
 
     _, rows, _ = timing.comparison(exp)
-    assert [r[0] for r in rows[:-1]] == ["eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "report"]
+    assert [r[0] for r in rows[:-1]] == ["eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "offtask",
+                                         "report"]
     assert all(r[3] != "—" for r in rows[:-1])  # every stage has a plan and a measured time
     assert "Planned vs actual time" in (exp / "report" / "report.md").read_text()
     # the run made the counts the plan assumed: 8 timed updates, held-out at 0, 4, 8, checkpoints 4 and 8

@@ -143,6 +143,8 @@ class Calibration:
     machine: str
     seconds: float
     """Wall time of the calibration itself."""
+    offtask_s: float = 0.0
+    """The calibration's off-task drift stage (``analysis.offtask``), seconds; 0 without one."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -327,7 +329,7 @@ def calibrate(spec: ExperimentSpec, work: str | Path | None = None, log: Any = N
             rates[kind] = _train_rates(exp / "runs" / kind, record["timings"][f"train/{kind}"], kind, Path(work))
     return Calibration(es=rates.get("es"), grpo=rates.get("grpo"), eval=_eval_rates(exp, record),
                        report_s=report_s, report_methods=len(record["methods"]), machine=machine(),
-                       seconds=time.perf_counter() - t0)
+                       seconds=time.perf_counter() - t0, offtask_s=float(record["timings"].get("offtask", 0.0)))
 
 
 def _task_problems(spec: ExperimentSpec, task: str) -> int:
@@ -404,6 +406,8 @@ def calibrated_plan(spec: ExperimentSpec, cal: Calibration,
             rates, cfg = (cal.es, spec.es) if kind == "es" else (cal.grpo, spec.grpo)
             add(name, _train_terms(rates, cfg, kind, updates, used))
     evaluated = len({s["name"] for s in stages if "/eval/" in f"/{s['name']}"})
+    if spec.analysis is not None and spec.analysis.offtask is not None:  # one KL pass per method, as the report
+        add("offtask", {"offtask": cal.offtask_s * evaluated / max(1, cal.report_methods)})
     add("report", {"report": cal.report_s * evaluated / max(1, cal.report_methods)})
     total = sum(s["wall_s"] for s in stages)
     samples = cal.constants()

@@ -26,6 +26,7 @@ mode, group, name, job_type, config, dir, settings)``, ``run.log(data, step)``, 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -68,8 +69,11 @@ def start_run(wcfg: Any, run_dir: str | Path, config: Mapping[str, Any], *, job_
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = wandb.Settings(console="off", silent=True)
+    # The mode is read now: W&B's process-wide setup keeps the environment of its first run, so a later
+    # run in the same process (the Python API, a notebook) would not see WANDB_MODE set since.
+    mode = wcfg.mode or os.environ.get("WANDB_MODE") or None
     try:
-        return wandb.init(project=wcfg.project, entity=wcfg.entity, mode=wcfg.mode, group=wcfg.group,
+        return wandb.init(project=wcfg.project, entity=wcfg.entity, mode=mode, group=wcfg.group,
                           name=wcfg.name or default_name(out), job_type=job_type, dir=str(out),
                           config={**config, "run_dir": str(out.resolve())}, settings=settings)
     except wandb.errors.Error as exc:  # not logged in, no network, unknown entity: one line, not a traceback
