@@ -55,6 +55,17 @@ def test_train_py_is_short_and_the_api_run_equals_the_cli_run(example, tmp_path)
     assert summary["tasks"]["carry-add"]["num_problems"] == 64 and "maj@8" in summary["metrics"]
 
 
+def test_analyze_takes_the_user_task(example, tmp_path):
+    """`analyze threshold --sweep` evaluates thresholded checkpoints on the user's task (found with --tasks-dir)."""
+    _run(["esreason", "train", "es", "--config", "es.yaml", "--tasks-dir", ".", "--output", str(tmp_path / "es"),
+          "--set", "train.max_steps=2", "--set", "checkpoint.every=0", "--no-progress"], example)
+    _run(["esreason", "analyze", "threshold", "--base", "demo", "--tuned", str(tmp_path / "es/checkpoints/step_2"),
+          "--sweep", "1e-3", "--tasks", "carry-add", "--tasks-dir", ".", "--samples", "2", "--limit", "4",
+          "--max-new-tokens", "64", "--out", str(tmp_path / "sweep")], example)
+    written = sorted(p.name for p in (tmp_path / "sweep").iterdir())
+    assert written and any("carry-add" in p.read_text() for p in (tmp_path / "sweep").rglob("*.md"))
+
+
 def test_the_example_experiment_runs_and_reports(example, tmp_path):
     _run(["esreason", "experiment", "run", "experiment.yaml", "--output", str(tmp_path / "exp"), "--no-progress",
           "--set", "updates=2", "--set", "eval.limit=16"], example)
