@@ -12,6 +12,7 @@ from esreason.config import ConfigError
 from esreason.grpo.config import GRPORunConfig, load_grpo_config
 from esreason.grpo.objective import aggregate, completion_logprobs, group_advantages, grpo_loss
 from esreason.grpo.variants import PRESETS
+from test_grpo_objective import _fixed_batch  # the same left/right-padded batch as the base objective's test
 
 # --------------------------------------------------------------------------- config
 
@@ -151,23 +152,6 @@ def make_trainer(base_setup, overrides, out, reward=None):
                                args=args, train_dataset=dataset, processing_class=tok,
                                standardize_advantages=cfg.grpo.standardize_advantages)
     return trainer, cfg
-
-
-def _fixed_batch() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    n, p, c = 6, 7, 9
-    prompt_ids = torch.randint(4, 100, (n, p), generator=g)
-    prompt_mask = torch.ones(n, p, dtype=torch.long)
-    for i, pad in enumerate([0, 2, 1, 3, 0, 4]):  # left padding
-        prompt_ids[i, :pad] = 0
-        prompt_mask[i, :pad] = 0
-    completion_ids = torch.randint(4, 100, (n, c), generator=g)
-    completion_mask = torch.ones(n, c, dtype=torch.long)
-    for i, length in enumerate([9, 3, 6, 1, 8, 5]):  # right padding
-        completion_ids[i, length:] = 0
-        completion_mask[i, length:] = 0
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask}
 
 
 def _reference(model, batch, old, ref, adv, cfg, num_items):
