@@ -44,7 +44,7 @@ def test_overrides_with_dotted_keys_and_yaml_values(tmp_path):
     (["eval.ks=1,64", "eval.samples=8"], "'eval.ks'"),
     (["es=3"], "'es': expected a mapping"),
     (["noequals"], "--set expects key=value"),
-    (["backend.type=gpu"], "allowed values: 'hf', 'batched', 'ray', 'vllm'"),
+    (["backend.type=gpu"], "allowed values: 'auto', 'hf', 'batched', 'ray', 'vllm'"),
     (["backend.engines=2"], "more than one engine needs backend.type=ray"),
     (["backend.type=batched", "backend.engines=4"], "more than one engine needs backend.type=ray"),
     (["backend.type=ray", "backend.engines=0"], "'backend.engines': must be >= 1"),

@@ -115,8 +115,13 @@ def test_a_raising_function_is_named_with_its_error():
 def test_bad_arguments_are_refused_before_anything_runs():
     with pytest.raises(UserError, match="2 weights for 1 reward functions"):
         RewardFunctions(lambda **_: [], weights=[1.0, 2.0])
-    with pytest.raises(UserError, match="is not callable"):
-        RewardFunctions(["not a function"])
+    with pytest.raises(UserError, match="3 is not callable"):
+        RewardFunctions([3])
+    for hub_id in ("org/some-reward-model", ["org/some-reward-model"]):  # TRL's reward-model habit
+        with pytest.raises(UserError, match=r"reward_funcs: 'org/some-reward-model' is a string; TRL loads a string "
+                                            r"as a reward model .* which esreason does not support: give a reward "
+                                            r"function"):
+            RewardFunctions(hub_id)
 
     async def later(**_):
         return []

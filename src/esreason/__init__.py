@@ -7,7 +7,7 @@ Maj@K evaluation harness and analyses of what ES does to the weights.
 
 The Python API (imported on first use, so ``import esreason`` stays light)::
 
-    from esreason import ESConfig, ESTrainer, GRPOComparator, evaluate, register_task, Task, Problem
+    from esreason import ESConfig, ESTrainer, GRPOComparator, evaluate, register_task, register_verifier, Task, Problem
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ _API = {
     "Problem": "esreason.tasks.base",
     "Verdict": "esreason.verifiers.base",
     "register_task": "esreason.tasks.registry",
+    "register_verifier": "esreason.verifiers",
     "add_tasks_dir": "esreason.tasks.registry",
 }
 
@@ -50,5 +51,5 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         module = importlib.import_module(_API[name])
-        return getattr(module, "register" if name == "register_task" else name)
+        return getattr(module, "register" if name in ("register_task", "register_verifier") else name)
     raise AttributeError(f"module 'esreason' has no attribute {name!r}")

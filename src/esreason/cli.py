@@ -49,7 +49,8 @@ def _cmd_train_es(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, [*(args.set or []), *wandb_sets(args)])
     output = Path(args.output) if args.output else _default_output(args.config, "es")
-    result = run_es(cfg, output, resume=args.resume, progress=not args.no_progress, resume_from=args.resume_from)
+    result = run_es(cfg, output, resume=args.resume, progress=not args.no_progress, resume_from=args.resume_from,
+                    accept_task_change=args.accept_task_change)
     print(f"ES run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
     print(f"run directory: {output}")
     return 0
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="esreason",
         description="Evolution Strategies post-training for LLM reasoning (ES vs GRPO, Pass@K, weight analyses).")
     parser.add_argument("--version", action="version", version=f"esreason {__version__}")
+    # Also before the command (`esreason --tasks-dir DIR tasks`); its own dest, because a sub-command's
+    # default would overwrite a value argparse parsed at the top level.
+    parser.add_argument("--tasks-dir", action="append", metavar="DIR", dest="global_tasks_dir",
+                        help="register the task files (*.yaml) under DIR first (repeatable; also accepted after "
+                             "the command; docs/custom-tasks.md)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("info", help="versions, device and the embedded default's location")
@@ -110,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     from esreason.grpo.run import register as register_grpo
 
     add_resume_from(p)
+    from esreason.es_loop.fingerprint import add_accept_flag
+
+    add_accept_flag(p)
 
     register_grpo(train)
     from esreason.experiments.sequence import register as register_sequence
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        for directory in getattr(args, "tasks_dir", None) or ():
+        for directory in [*(getattr(args, "global_tasks_dir", None) or ()), *(getattr(args, "tasks_dir", None) or ())]:
             from esreason.tasks.registry import add_tasks_dir
 
             add_tasks_dir(directory)

@@ -20,7 +20,7 @@ from typing import Any, Literal, Sequence
 from esreason.config_backend import BackendConfig, backend_rules
 from esreason.config_io import (ConfigError, Replace, build, config_mapping, merge, parse_overrides, read_yaml,
                                 to_dict)
-from esreason.config_logging import LoggingConfig
+from esreason.config_logging import ESLoggingConfig
 
 
 # --------------------------------------------------------------------------- sections
@@ -206,7 +206,7 @@ class RunConfig(RunBase):
     eval: EvalConfig = field(default_factory=EvalConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     coverage: CoverageConfig = field(default_factory=CoverageConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    logging: ESLoggingConfig = field(default_factory=ESLoggingConfig)
 
     def __post_init__(self) -> None:
         validate(self)

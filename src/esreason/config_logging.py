@@ -74,6 +74,67 @@ class LoggingConfig:
     """Weights & Biases (off unless ``logging.wandb.project`` is set)."""
 
 
+#: The integrations ``logging.report_to`` names (TRL's values; the others TRL knows are not supported).
+REPORT_TO = ("tensorboard", "wandb")
+#: W&B project of ``report_to: [wandb]`` with no ``logging.wandb.project`` and no ``WANDB_PROJECT``.
+DEFAULT_WANDB_PROJECT = "esreason"
+
+
+@dataclass(frozen=True)
+class ESLoggingConfig:
+    """Where an ES run's metrics go (TRL's ``report_to`` and ``logging_steps``), besides RUN/metrics.jsonl,
+    which gets every update's row whatever these say: it is the run's record (``--resume``, the budget's
+    consumed rollouts and the report read it). GRPO's ``logging`` section (:class:`LoggingConfig`) has
+    ``wandb`` only: TRL's own logging reports its metrics there."""
+
+    report_to: tuple[Literal["all", "none", "tensorboard", "wandb"], ...] = ("tensorboard",)
+    """Integrations the metrics go to, TRL's values: ``tensorboard`` (RUN/tensorboard), ``wandb`` (Weights &
+    Biases; project ``logging.wandb.project``, else ``WANDB_PROJECT``, else 'esreason'), ``all`` (both) or
+    ``none``. Setting ``logging.wandb.project`` (``--wandb``) also turns W&B on. TRL's default is 'none';
+    ours keeps TensorBoard, part of every run directory (RUN/tensorboard), local and free."""
+    logging_steps: int = 1
+    """Report every this many updates: a row goes to ``report_to``, to ``trainer.state.log_history`` and to
+    the callbacks' ``on_log`` after update s when s is a multiple, at the last update, and whenever held-out
+    evaluation or coverage diagnostics ran (those are never dropped). The row is that update's own (TRL
+    averages its per-step losses over the window; an ES update's metrics are already means over its N x B
+    responses, and the row of one update is what a resumed run reproduces). TRL's default is 10; ours is
+    1 because an ES update is seconds to minutes, not a fraction of a second."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases (off unless ``logging.wandb.project`` is set, or ``report_to`` names wandb)."""
+
+    def __post_init__(self) -> None:
+        chosen = set(self.report_to)
+        if chosen & {"all", "none"} and len(chosen) > 1:
+            raise UserError(f"config key 'logging.report_to': 'all' and 'none' stand alone (got {list(self.report_to)})")
+        if self.logging_steps < 1:
+            raise UserError(f"config key 'logging.logging_steps': must be >= 1 (got {self.logging_steps})")
+        if chosen == {"none"} and self.wandb.enabled:
+            raise UserError(f"config key 'logging.report_to': 'none', but logging.wandb.project is set "
+                            f"({self.wandb.project!r}, or --wandb); drop one of them")
+
+    @property
+    def integrations(self) -> frozenset[str]:
+        """The integrations this run reports to (``all`` and ``none`` resolved; a W&B project adds wandb)."""
+        chosen = set(REPORT_TO) if "all" in self.report_to else set(self.report_to) - {"none"}
+        if self.wandb.enabled:
+            chosen.add("wandb")
+        return frozenset(chosen)
+
+    @property
+    def tensorboard(self) -> bool:
+        """RUN/tensorboard is written."""
+        return "tensorboard" in self.integrations
+
+    def effective_wandb(self) -> WandbConfig:
+        """The W&B settings the run uses: ``wandb`` with a project when ``report_to`` names wandb and none is
+        set (``WANDB_PROJECT``, else :data:`DEFAULT_WANDB_PROJECT`)."""
+        import os
+
+        if "wandb" in self.integrations and not self.wandb.enabled:
+            return replace(self.wandb, project=os.environ.get("WANDB_PROJECT") or DEFAULT_WANDB_PROJECT)
+        return self.wandb
+
+
 #: Top-level keys that say where things are found or sent, not what a run computes: ``tasks_dir``
 #: only locates task files (the task's name and data are compared through ``task`` and ``data_path``).
 NOT_IDENTITY = (LOGGING_KEY, "tasks_dir")
@@ -112,5 +173,5 @@ def wandb_sets(args: argparse.Namespace, prefixes: Sequence[str] = ("",)) -> lis
     return [f"{p}{LOGGING_KEY}.wandb.project={json.dumps(project)}" for p in prefixes] if project else []
 
 
-__all__ = ["LOGGING_KEY", "LoggingConfig", "WandbConfig", "add_wandb_flag", "wandb_sets", "with_wandb",
-           "without_logging"]
+__all__ = ["DEFAULT_WANDB_PROJECT", "ESLoggingConfig", "LOGGING_KEY", "LoggingConfig", "REPORT_TO", "WandbConfig",
+           "add_wandb_flag", "wandb_sets", "with_wandb", "without_logging"]

@@ -44,13 +44,21 @@ FIELD_KEYS: dict[str, str] = {
     **{f"coverage_{k}": f"coverage.{k}" for k in ("every", "prompts", "samples", "temperature")},
     **{f"wandb_{k}": f"logging.wandb.{k}" for k in ("project", "entity", "mode", "group", "name", "table_every",
                                                      "table_rows")},
+    "report_to": "logging.report_to", "logging_steps": "logging.logging_steps",
 }
 
 
 @dataclass(frozen=True)
 class ESConfig:
     """An ES run, flat (TRL's shape). Each field is the YAML key in :data:`FIELD_KEYS`; its meaning,
-    allowed values and checks are the YAML key's (docs/config.md), with the defaults below."""
+    allowed values and checks are the YAML key's (docs/config.md), with the defaults below.
+
+    Where a TRL ``GRPOConfig`` default differs, ours fits a first CPU run of the embedded default in
+    minutes: ``max_steps`` 30 (TRL: -1, epochs), ``epochs`` 2 (TRL's ``num_train_epochs`` 3: the paper's
+    Easy setting), ``temperature`` 0 (TRL: 1.0; the paper's Easy ES samples greedily), ``max_new_tokens``
+    64 (TRL's ``max_completion_length`` 512; the demo's answers are short), ``seed`` 0 (TRL: 42; every
+    config of this project uses 0), ``output_dir`` 'runs/es-api' (TRL: 'trainer_output'), and the logging
+    defaults under their fields (``report_to``, ``logging_steps``)."""
 
     # --- the API's own -----------------------------------------------------------------------
     output_dir: str = "runs/es-api"
@@ -155,8 +163,9 @@ class ESConfig:
     """Split evaluated."""
     # --- backend -----------------------------------------------------------------------------
     backend: Literal["auto", "hf", "batched", "ray", "vllm"] = "auto"
-    """Population evaluation: 'auto' = batched for the embedded default (float32 on the CPU;
-    bit-identical to hf and faster), hf otherwise; or hf, batched, ray, vllm (docs/gpu-layout.md)."""
+    """Population evaluation: 'auto' (the YAML key's rule: batched for a float32 Llama/Qwen2 model on the
+    CPU whose stacked member weights fit 2 GiB, same checkpoints as hf and faster; hf otherwise), or hf,
+    batched, ray, vllm (docs/gpu-layout.md). The YAML default is hf, the reference."""
     engines: int = 1
     """Engines of a Ray pool."""
     engines_per_gpu: int = 1
@@ -197,34 +206,34 @@ class ESConfig:
     """Completions table every this many updates (0 = never)."""
     wandb_table_rows: int = 4
     """Rows per completions table."""
+    report_to: tuple[Literal["all", "none", "tensorboard", "wandb"], ...] = ("tensorboard",)
+    """Where metrics go besides metrics.jsonl (TRL's values; a string or a list): 'tensorboard', 'wandb',
+    'all' or 'none'. TRL's default is 'none'; ours keeps the run directory's TensorBoard."""
+    logging_steps: int = 1
+    """Report a row every this many updates (to report_to, state.log_history and on_log; metrics.jsonl gets
+    every update). TRL's default is 10; ours is 1, an ES update being seconds to minutes."""
 
     def __post_init__(self) -> None:
         if self.reward_weights is not None:
             object.__setattr__(self, "reward_weights", tuple(float(w) for w in self.reward_weights))
-        for name in ("eval_tasks", "eval_ks"):
+        for name in ("eval_tasks", "eval_ks", "report_to"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        if isinstance(self.report_to, str):  # TRL takes a string too: report_to="wandb"
+            object.__setattr__(self, "report_to", tuple(v.strip() for v in self.report_to.split(",") if v.strip()))
         self.to_run_config()  # every check of the YAML config, naming the flat field
 
     # ------------------------------------------------------------------ conversions
 
-    def resolved_backend(self, model: str | None = None) -> str:
-        """``backend`` with 'auto' resolved for ``model`` (default: this config's)."""
-        if self.backend != "auto":
-            return self.backend
-        spec = self.model if model is None else model
-        return "batched" if spec == "demo" and self.device == "cpu" and self.dtype == "float32" else "hf"
-
     def nested(self, model: str | None = None) -> dict[str, Any]:
-        """The YAML run config as a nested mapping (``backend: auto`` resolved)."""
+        """The YAML run config as a nested mapping (``backend: auto`` stays auto: the run decides it
+        once the model is loaded, :func:`esreason.es_loop.select.choose_auto`)."""
         out: dict[str, Any] = {}
         for flat, key in FIELD_KEYS.items():
             value = getattr(self, flat)
             if flat == "model" and model is not None:
                 value = model
-            if flat == "backend":
-                value = self.resolved_backend(model)
             if isinstance(value, tuple):
                 value = list(value)
             node = out

@@ -30,6 +30,9 @@ def dataset_rows(dataset: Any, what: str) -> list[dict[str, Any]]:
     if dataset is None:
         raise UserError(f"{what}: no dataset given")
     columns = getattr(dataset, "column_names", None)
+    if columns is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise UserError(f"{what} is empty (0 rows"
+                        + (f"; columns: {', '.join(columns)})" if columns else ", no columns)"))
     if columns is not None and PROMPT not in columns:
         raise UserError(f"{what} has no '{PROMPT}' column; its columns are: {', '.join(columns)} "
                         f"(rename one, e.g. dataset.rename_column('question', '{PROMPT}'))")

@@ -65,13 +65,18 @@ class GRPOComparator:
         self.output_dir = Path(output_dir)
         self.result: Any = None
 
-    def train(self, resume_from_checkpoint: bool | None = None) -> Any:
-        """Run GRPO (``esreason train grpo``'s code path); True resumes from the newest checkpoint."""
+    def train(self, resume_from_checkpoint: bool | None = None, *, accept_task_change: bool = False) -> Any:
+        """Run GRPO (``esreason train grpo``'s code path); True resumes from the newest checkpoint.
+
+        accept_task_change: resume although the training data or the reward functions differ from the
+            run's (``--accept-task-change``; without it such a resume is refused in one line).
+        """
         from esreason.grpo.distributed import shutdown_process_group
         from esreason.grpo.run import run_grpo
 
         try:
-            self.result = run_grpo(self.config, self.output_dir, resume=bool(resume_from_checkpoint))
+            self.result = run_grpo(self.config, self.output_dir, resume=bool(resume_from_checkpoint),
+                                   accept_task_change=accept_task_change)
         finally:
             shutdown_process_group(vllm_colocated=self.config.grpo.use_vllm and self.config.grpo.vllm_mode == "colocate")
         return self.result

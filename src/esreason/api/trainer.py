@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Sequence
 
 from esreason.api.config import ESConfig
 from esreason.api.data import register_api_task, reward_task
@@ -34,26 +34,46 @@ class ESTrainer:
         ``transformers.PreTrainedModel`` (then ``processing_class`` is its tokenizer, or it is loaded
         from the model's ``name_or_path``).
     reward_funcs: one callable or a list with TRL's contract, ``f(prompts, completions, completion_ids,
-        **columns) -> list[float | None]``; combined with ``args.reward_weights``. None: train on the
-        registered task ``args.task`` (a built-in, a task file) with its own verifier.
-    train_dataset / eval_dataset: a ``datasets.Dataset`` or a list of dicts with a ``prompt`` column
-        (text, or chat messages); registered as task ``args.task`` (splits train / test).
-    args: :class:`ESConfig`. processing_class: the tokenizer (optional).
+        **columns) -> list[float | None]``; combined with ``args.reward_weights``. They also receive
+        ``trainer_state`` (this trainer's ``state``: ``global_step`` = updates done, ``max_steps``), as
+        under TRL. A string (TRL's reward-model id) is refused: esreason does not load reward models.
+        None: train on the registered task ``args.task`` (a built-in, a task file) with its own verifier.
+    train_dataset: a ``datasets.Dataset`` or a list of dicts with a ``prompt`` column (text, or chat
+        messages); registered as task ``args.task`` (split train). It is the third positional argument
+        where TRL's ``GRPOTrainer`` has ``args``: the order of esreason 0.1 is kept so existing code keeps
+        working; pass ``args=`` by keyword, as TRL's examples do (an ESConfig given third is named).
+    eval_dataset: the same, split test (periodic held-out evaluation, ``eval_every``).
+    args: :class:`ESConfig` (default: ``ESConfig()``, a small CPU run of the embedded default).
+    processing_class: the tokenizer (optional).
+    callbacks: ``transformers.TrainerCallback`` instances or classes, called as a Trainer calls them
+        (``on_train_begin``, ``on_step_begin``, ``on_step_end``, ``on_log``, ``on_evaluate``, ``on_save``,
+        ``on_epoch_begin``/``end``, ``on_train_end``; one ES update is one step) with ``args``, ``state``,
+        ``control`` and ``model``; ``control.should_training_stop`` ends training after a checkpoint of
+        that update, ``control.should_save`` writes one (:mod:`esreason.es_loop.events`).
     answer_fn: optional ``answer_fn(completion) -> hashable | None`` for Maj@K in evaluations.
+
+    After ``train()``: ``state`` (a ``transformers.TrainerState``: ``global_step``, ``max_steps``,
+    ``epoch``, ``log_history``) and ``model`` (the trained model, the final checkpoint's weights).
     """
 
     def __init__(self, model: Any = None, reward_funcs: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, args: ESConfig | None = None, processing_class: Any = None, *,
+                 callbacks: Sequence[Any] | None = None,
                  answer_fn: Callable[[str], Hashable | None] | None = None) -> None:
+        if isinstance(train_dataset, ESConfig) or isinstance(eval_dataset, ESConfig):
+            raise UserError("train_dataset: got an ESConfig; ESTrainer's positional order is (model, reward_funcs, "
+                            "train_dataset, eval_dataset, args), TRL's GRPOTrainer has args third: pass args=...")
         self.args = args if args is not None else ESConfig()
         if not isinstance(self.args, ESConfig):
             raise UserError(f"args: expected an esreason.ESConfig, got {type(self.args).__name__}")
         self.model_object, spec = _model_argument(model, self.args)
+        self._spec = spec or self.args.model
         self.processing_class = processing_class
         if self.model_object is not None and processing_class is None:
             from transformers import AutoTokenizer
 
             self.processing_class = AutoTokenizer.from_pretrained(self.model_object.name_or_path)
+        self._tokenizer = self.processing_class  # what the run uses (None: the one saved with the model)
         self.run_config = self.args.to_run_config(model=spec)
         self.task = None
         if reward_funcs is not None:
@@ -68,28 +88,83 @@ class ESTrainer:
             if eval_dataset is None and self.run_config.eval.every and not self.run_config.eval.tasks:
                 raise UserError("eval_every: periodic evaluation of the training task needs an eval_dataset "
                                 "(or eval_tasks naming registered tasks)")
+            _check_batch_size(self.run_config, self.task)
         elif train_dataset is not None or eval_dataset is not None:
             raise UserError("reward_funcs: a train_dataset needs reward functions to score it")
+        from esreason.es_loop.events import LoopEvents
+
+        self.events = LoopEvents(self.run_config, self.args, callbacks or ())
         self.result: TrainResult | None = None
+        self._loaded: Any = None
         _warn_openmp(self.run_config.device)
 
     @property
     def output_dir(self) -> Path:
         return Path(self.args.output_dir)
 
-    def train(self, resume_from_checkpoint: bool | str | Path | None = None) -> TrainResult:
-        """Run ES into ``args.output_dir``; returns (updates done, final checkpoint).
+    @property
+    def state(self) -> Any:
+        """The run's ``transformers.TrainerState``: ``global_step`` (updates done), ``max_steps``, ``epoch``,
+        ``log_history`` (the reported rows, ``logging_steps``), as TRL's ``trainer.state``."""
+        return self.events.state
 
-        resume_from_checkpoint: None starts a new run (refused when the directory holds one);
-        True continues from the newest intact checkpoint; a path ``OUTPUT/checkpoints/step_N``
-        continues from that one.
+    @property
+    def model(self) -> Any:
+        """The model: after ``train()``, the trained one (the weights of the final checkpoint); before, the
+        model given, or the one ``model`` names, loaded on first access (TRL loads it in ``__init__``; a
+        run loads its own, so a model that is only trained is loaded once)."""
+        if self.result is not None and self.result.model is not None:
+            return self.result.model
+        if self.model_object is not None:
+            return self.model_object
+        if self._loaded is None:
+            from esreason.backends.hf import load_model
+
+            self._loaded, tok = load_model(self._spec, self.run_config.dtype, self.run_config.device)
+            self.processing_class = self.processing_class or tok
+        return self._loaded
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a ``TrainerCallback`` (an instance or a class), as ``Trainer.add_callback``."""
+        from esreason.es_loop.events import check_callbacks
+
+        self.events.handler.add_callback(check_callbacks([callback])[0])
+
+    def remove_callback(self, callback: Any) -> None:
+        """Remove a callback (an instance, or the first of a class), as ``Trainer.remove_callback``."""
+        self.events.handler.remove_callback(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove and return a callback (an instance, or the first of a class), as ``Trainer.pop_callback``."""
+        return self.events.handler.pop_callback(callback)
+
+    def train(self, resume_from_checkpoint: bool | str | Path | None = None, *,
+              accept_task_change: bool = False) -> TrainResult:
+        """Run ES into ``args.output_dir``; returns (updates done, final checkpoint, state, model).
+
+        resume_from_checkpoint: None starts a new run (refused when the directory holds one that has
+        trained; a run that failed before its first update is started again); True continues from the
+        newest intact checkpoint; a path ``OUTPUT/checkpoints/step_N`` continues from that one.
+        accept_task_change: resume although the training data or the reward functions differ from the
+        run's (``--accept-task-change``; without it such a resume is refused in one line naming what changed).
         """
+        from esreason.config import ConfigError
         from esreason.es_loop.run import run_es
 
+        from esreason.api.config import _flat_message
+
         resume, resume_from = _resume_argument(resume_from_checkpoint, self.output_dir)
-        self.result = run_es(self.run_config, self.output_dir, resume=resume, resume_from=resume_from,
-                             progress=True, task=self.task, model=self.model_object,
-                             tokenizer=self.processing_class)
+        if self.result is not None:  # a second train() of this trainer: a fresh state and history
+            from esreason.es_loop.events import LoopEvents
+
+            self.events = LoopEvents(self.run_config, self.args, self.events.callbacks)
+        try:
+            self.result = run_es(self.run_config, self.output_dir, resume=resume, resume_from=resume_from,
+                                 progress=True, task=self.task, model=self.model_object,
+                                 tokenizer=self._tokenizer,
+                                 accept_task_change=accept_task_change, events=self.events)
+        except ConfigError as exc:  # a config key checked by the run (train.batch_size): the flat field's name
+            raise ConfigError(_flat_message(str(exc))) from None
         return self.result
 
     def save_model(self, output_dir: str | Path | None = None) -> Path:
@@ -114,6 +189,19 @@ class ESTrainer:
                 model.save_pretrained(tmp)
                 tok.save_pretrained(tmp)
         return target
+
+
+def _check_batch_size(cfg: Any, task: Any) -> None:
+    """``batch_size`` larger than ``train_dataset``: refused now, naming the flat field (the run checks it
+    too, :func:`esreason.es_loop.run.check_batch_size`)."""
+    from esreason.api.config import _flat_message
+    from esreason.config import ConfigError
+    from esreason.es_loop.run import check_batch_size
+
+    try:
+        check_batch_size(cfg, task.name, len(task.load("train", None, cfg.train.limit)))
+    except ConfigError as exc:
+        raise ConfigError(_flat_message(str(exc))) from None
 
 
 def _warn_openmp(device: str) -> None:

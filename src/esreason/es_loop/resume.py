@@ -135,6 +135,38 @@ def check_resume_config(run_path: str | Path, cfg: Any) -> ResumeCheck:
     return ResumeCheck(rewrite_config=True, rewrite_manifest=rewrite_manifest, extended=ext)
 
 
+def trained_evidence(run_path: str | Path, extra: tuple[str, ...] = ()) -> str | None:
+    """What in ``run_path`` shows that a run has trained there, or None when nothing has.
+
+    A run *holds* a directory from its first update on: a metrics row of an update (step >= 1) or
+    a complete checkpoint, or an entry of ``extra`` (GRPO: TRL's ``trl/checkpoint-*``) that exists.
+    The header files written before the first update (config.yaml, manifest.json, backend.json, an
+    empty metrics.jsonl or one with only the step-0 held-out row, tensorboard/) are not a run: a
+    command that failed before its first update (a raising reward function, a backend that did not
+    start) can be rerun as it was started, and the rerun replaces them. This rule needs no cleanup
+    on failure, so it holds after a kill or a power cut too. A metrics file that cannot be read counts
+    as a run (it is not ours to discard).
+    """
+    from esreason.io import RunDir, read_metrics
+
+    run_dir = RunDir(run_path)
+    found = run_dir.latest_checkpoint()
+    if found is not None:
+        return f"checkpoint {found[1].name}"
+    try:
+        rows = read_metrics(run_dir.metrics_path)
+    except UserError:
+        return run_dir.metrics_path.name
+    updates = [r["step"] for r in rows if r["step"] >= 1]
+    if updates:
+        return f"{run_dir.metrics_path.name} rows up to update {max(updates)}"
+    for pattern in extra:
+        hit = sorted(Path(run_path).glob(pattern))
+        if hit:
+            return str(hit[0].relative_to(run_path))
+    return None
+
+
 def record_extension(run_path: Path, cfg: Any, check: ResumeCheck, start_step: int) -> None:
     """After a longer-run resume: update manifest.json's config and note the extension in it."""
     from esreason.io.atomic import atomic_write_json
@@ -148,4 +180,4 @@ def record_extension(run_path: Path, cfg: Any, check: ResumeCheck, start_step: i
 
 
 __all__ = ["CONFIG_FILE", "EXTENDABLE", "ResumeCheck", "check_resume_config", "diff_config", "extension",
-           "record_extension"]
+           "record_extension", "trained_evidence"]

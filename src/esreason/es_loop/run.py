@@ -16,7 +16,7 @@ import yaml
 
 from esreason.config import RunConfig, to_dict
 from esreason.errors import UserError
-from esreason.es_loop.resume import CONFIG_FILE, ResumeCheck, record_extension
+from esreason.es_loop.resume import CONFIG_FILE, ResumeCheck, record_extension, trained_evidence
 from esreason.es_loop.trainer import ES_STATE_FILE, ESTrainer, TrainResult
 
 #: What population evaluation actually ran, written when the backend has started (RUN/backend.json).
@@ -29,6 +29,18 @@ def _task_data_path(cfg: RunConfig, task: str) -> str | None:
     if cfg.data_dir:
         return str(Path(cfg.data_dir) / task)
     return None
+
+
+def check_batch_size(cfg: RunConfig, task: str, num_problems: int) -> None:
+    """Refuse ``train.batch_size`` larger than the training split: every update would silently train on
+    fewer prompts than asked (the batch is the whole split), which also changes the run's FLOPs and its
+    match with GRPO (whose plan refuses the same case)."""
+    from esreason.config import ConfigError
+
+    if cfg.train.batch_size > num_problems:
+        raise ConfigError(f"config key 'train.batch_size': {cfg.train.batch_size} prompts per update, but the "
+                          f"training split of task {task!r} ({cfg.train.split!r}) has only {num_problems} problems; "
+                          "lower it or give more data")
 
 
 def make_heldout(cfg: RunConfig, generator: Any, tokenizer: Any) -> Callable[[int], dict[str, float]] | None:
@@ -111,23 +123,28 @@ def reference_placement(cfg: RunConfig) -> tuple[str, str | None]:
 
 
 def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress: bool = True,
-           resume_from: int | None = None, task: Any = None, model: Any = None, tokenizer: Any = None) -> TrainResult:
+           resume_from: int | None = None, task: Any = None, model: Any = None, tokenizer: Any = None,
+           accept_task_change: bool = False, events: Any = None) -> TrainResult:
     """Train with ES according to ``cfg`` into run directory ``output``.
 
     ``resume``: continue from the newest intact checkpoint (damaged newer ones are named in a
     warning, docs/faults.md); ``resume_from``: from ``checkpoints/step_{resume_from}`` (implies resume).
-    The run directory's lock (:mod:`esreason.io.lock`) is held from before the first check to the end.
+    A resume refuses other training data or another reward (:mod:`esreason.es_loop.fingerprint`) unless
+    ``accept_task_change``. The run directory's lock (:mod:`esreason.io.lock`) is held from before the
+    first check to the end.
 
     The Python API (:class:`esreason.api.ESTrainer`) passes what a config cannot name: ``task`` (a
     :class:`esreason.tasks.Task` built from the user's dataset and reward functions, used instead of
-    the registry's ``cfg.task``), and ``model`` / ``tokenizer`` (an in-memory model, used instead of
-    loading ``cfg.model`` when the run starts from step 0).
+    the registry's ``cfg.task``), ``model`` / ``tokenizer`` (an in-memory model, used instead of
+    loading ``cfg.model`` when the run starts from step 0) and ``events`` (its TrainerState and
+    callbacks, :class:`esreason.es_loop.events.LoopEvents`).
     """
     from esreason.io.lock import directory_lock
 
     with directory_lock(output, what="run directory"):
         return _run_es(cfg, Path(output), resume=resume, progress=progress, resume_from=resume_from,
-                       task=task, model=model, tokenizer=tokenizer)
+                       task=task, model=model, tokenizer=tokenizer, accept_task_change=accept_task_change,
+                       events=events)
 
 
 def _load_start(cfg: RunConfig, start_model: str, device: str, model: Any, tokenizer: Any) -> tuple[Any, Any]:
@@ -146,7 +163,8 @@ def _load_start(cfg: RunConfig, start_model: str, device: str, model: Any, token
 
 
 def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resume_from: int | None,
-            task: Any = None, model: Any = None, tokenizer: Any = None) -> TrainResult:
+            task: Any = None, model: Any = None, tokenizer: Any = None, accept_task_change: bool = False,
+            events: Any = None) -> TrainResult:
     """:func:`run_es` under the run directory's lock."""
     from esreason import tasks
     from esreason.backends.hf import HFPolicy, resolve_model_path
@@ -157,13 +175,17 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
 
     from esreason.io.wandb_log import require
 
-    require(cfg.logging.wandb)  # W&B asked for but not installed: one line, before anything is loaded
+    wandb_cfg = cfg.logging.effective_wandb()  # logging.wandb, or report_to: [wandb]
+    require(wandb_cfg)  # W&B asked for but not installed: one line, before anything is loaded
     resume = resume or resume_from is not None
     out = Path(output)
     run_dir = RunDir(out)
-    if not resume and run_dir.metrics_path.exists():
-        raise UserError(f"run directory {out} already holds a run; pass --resume to continue it "
+    held = None if resume else trained_evidence(out)
+    if held is not None:
+        raise UserError(f"run directory {out} already holds a run ({held}); pass --resume to continue it "
                         "or choose another --output")
+    # A fresh start over the headers of a run that failed before its first update replaces them.
+    fresh_over_leftovers = not resume and run_dir.metrics_path.exists()
     start_step, start_model = 0, cfg.model
     check = ResumeCheck(rewrite_config=True, rewrite_manifest=True)
     if resume:
@@ -180,6 +202,12 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
         tasks.add_tasks_dir(cfg.tasks_dir)
     task = task if task is not None else tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
+    check_batch_size(cfg, task.name, len(problems))
+    from esreason.es_loop import fingerprint as fp
+
+    task_print = fp.fingerprint(task, problems, task.scorer(cfg.es.format_reward))
+    trained = resume and trained_evidence(out) is not None  # before the first update nothing is compared
+    accepted = fp.check_task_unchanged(out, task_print, accept=accept_task_change) if trained else []
     device, noise_device = reference_placement(cfg)
     in_memory = model is not None and start_model == cfg.model
     model, tokenizer = _load_start(cfg, start_model, device, model, tokenizer)
@@ -209,7 +237,9 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
             from esreason.io.hashing import hash_state_dict
 
             manifest["model"]["sha256_state_dict"] = hash_state_dict(model.state_dict())
-        write_manifest(out, manifest)
+        write_manifest(out, fp.record_fingerprint(manifest, task_print, at_step=start_step, accepted=accepted))
+    else:
+        fp.update_manifest(out, task_print, at_step=start_step, accepted=accepted)
     from esreason.es.schedule import Schedule
     from esreason.experiments.budget import record_in_manifest
 
@@ -218,7 +248,7 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     record_in_manifest(out, cfg, model, updates=updates)  # planned rollouts, tokens, FLOPs (consumed: at the end)
     record_extension(out, cfg, check, start_step)
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
-    truncate_after = (start_step if start_step else -1) if resume else None
+    truncate_after = (start_step if start_step else -1) if resume or fresh_over_leftovers else None
     from esreason.es_loop.select import build_evaluator
 
     # Before metrics.jsonl exists: a backend that fails to start (bad Ray address, too many
@@ -233,14 +263,22 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
         heldout = make_heldout(cfg, sampler, tokenizer)
         from esreason.io.wandb_log import wandb_metrics
 
-        with MetricsLogger(out, truncate_after=truncate_after) as run_log, \
-                wandb_metrics(cfg.logging.wandb, out, to_dict(cfg), run_log, job_type="es") as logger:
+        from esreason.es_loop.events import LoopEvents
+
+        events = events if events is not None else LoopEvents(cfg)
+        events.attach(model, tokenizer)
+        with MetricsLogger(out, truncate_after=truncate_after, tensorboard=cfg.logging.tensorboard) as run_log, \
+                wandb_metrics(wandb_cfg, out, to_dict(cfg), run_log, job_type="es") as logger:
+            if start_step:  # trainer.state.log_history of a resumed run: the reported rows it kept
+                from esreason.io import read_metrics
+
+                events.restore_history(read_metrics(run_log.path), start_step, updates)
             trainer = ESTrainer(cfg, policy, generator, problems, prompts, scorer, run_dir, logger, heldout,
-                                evaluator=evaluator)
+                                evaluator=evaluator, events=events)
             if logger is not run_log:  # W&B: its completions table (esreason.es_loop.wandb_samples)
                 from esreason.es_loop.wandb_samples import es_completions
 
-                logger.sample = es_completions(trainer, sampler, cfg.logging.wandb.table_rows)
+                logger.sample = es_completions(trainer, sampler, wandb_cfg.table_rows)
             result = trainer.train(start_step=start_step, progress=progress)
         record_in_manifest(out, cfg, model, updates=updates, finished=True)
         return result

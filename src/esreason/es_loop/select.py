@@ -3,6 +3,7 @@
 :func:`build_evaluator` returns the population evaluator the ES trainer uses; the
 trainer's in-process policy stays the authoritative centre in every mode.
 
+- ``auto``: ``batched`` where it gives the checkpoints ``hf`` gives, faster; else ``hf`` (:func:`choose_auto`).
 - ``hf``: :class:`esreason.es_loop.evaluate.SequentialEvaluator`, one member at a time (the reference).
 - ``batched``: :class:`esreason.backends.batched.BatchedEvaluator`, groups of
   ``backend.population_batch`` members in one stacked-weight forward (same rewards).
@@ -18,9 +19,55 @@ from esreason.backends.base import Generator, PopulationEvaluator
 from esreason.errors import UserError
 
 
+#: ``backend.type: auto`` picks ``batched`` only while the members' stacked weights of one batched forward
+#: (``backend.population_batch`` members, or the population, x the model's float32 bytes) stay within this:
+#: they are held besides the model (a copy per member), and past the sizes benchmarks/backend_auto.py
+#: measured the gain is not known (a decode then reads the member weights once per token either way).
+AUTO_BATCHED_MAX_BYTES = 2 * 1024 ** 3
+
+
+def choose_auto(cfg: Any, model: Any) -> tuple[str, str]:
+    """(``"batched"`` or ``"hf"``, the reason) for ``backend.type: auto`` on the loaded ``model``.
+
+    The rule: ``batched`` when it gives the checkpoints ``hf`` gives, which it is built and tested to do
+    (bit-identical rewards, hence updates) for a float32 Llama/Qwen2-layout model
+    (:func:`esreason.backends.popmodel.check_supported`) on the CPU, and when the stacked member weights
+    fit :data:`AUTO_BATCHED_MAX_BYTES`; ``hf`` otherwise. Not on CUDA: there GEMM results may depend on
+    the batch's shape, so its rewards are not guaranteed equal (docs/internals.md, "Batched evaluation").
+    benchmarks/backend_auto.py measures both choices side by side.
+    """
+    import torch
+
+    from esreason.backends.popmodel import check_supported
+
+    if torch.device(cfg.device).type != "cpu":
+        return "hf", f"device {cfg.device!r}: batched equals hf bit for bit only on the CPU"
+    params = [p for p in model.parameters()]
+    if any(p.dtype != torch.float32 for p in params):
+        return "hf", f"dtype {cfg.dtype!r}: batched needs float32 weights"
+    try:
+        check_supported(model)
+    except UserError as exc:
+        return "hf", str(exc).replace("config key 'model': ", "")
+    from esreason.es.params import unique_named_parameters
+
+    members = cfg.backend.population_batch or cfg.es.population_size
+    stacked = members * sum(p.numel() * p.element_size() for _, p in unique_named_parameters(model))
+    if stacked > AUTO_BATCHED_MAX_BYTES:
+        return "hf", (f"{members} members' stacked weights would take {stacked / 1024 ** 3:.1f} GiB "
+                      f"(> {AUTO_BATCHED_MAX_BYTES / 1024 ** 3:.0f} GiB)")
+    return "batched", (f"{getattr(model.config, 'model_type', '?')} model in float32 on the CPU, "
+                       f"{stacked / 1024 ** 2:.0f} MiB of stacked member weights")
+
+
 def build_evaluator(cfg: Any, policy: Any, generator: Generator, tokenizer: Any) -> PopulationEvaluator:
     """The evaluator for ``cfg.backend.type``; bad combinations raise UserError naming the key."""
     kind = cfg.backend.type
+    if kind == "auto":
+        kind, reason = choose_auto(cfg, policy.model)
+        evaluator = build_evaluator(_with_type(cfg, kind), policy, generator, tokenizer)
+        evaluator.chosen_by_auto = reason  # type: ignore[attr-defined]  # RUN/backend.json says why
+        return evaluator
     if kind == "hf":
         from esreason.es_loop.evaluate import SequentialEvaluator
 
@@ -73,4 +120,17 @@ def describe_evaluator(cfg: Any, evaluator: Any) -> dict[str, Any]:
     if getattr(getattr(evaluator, "engine", None), "llm", None) is not None:
         return {"type": "vllm", "engine": "vllm", "engines": 1, "update": "replicated",
                 "tensor_parallel_size": int(evaluator.engine.setup.get("ranks", 1))}
+    reason = getattr(evaluator, "chosen_by_auto", None)
+    if reason is not None:
+        from esreason.backends.batched import BatchedEvaluator
+
+        kind = "batched" if isinstance(evaluator, BatchedEvaluator) else "hf"
+        return {"type": kind, "engine": "hf", "engines": 1, "update": "replicated", "auto": reason}
     return {"type": cfg.backend.type, "engine": "hf", "engines": 1, "update": "replicated"}
+
+
+def _with_type(cfg: Any, kind: str) -> Any:
+    """``cfg`` with ``backend.type`` = ``kind`` (the choice of ``auto``)."""
+    from dataclasses import replace
+
+    return replace(cfg, backend=replace(cfg.backend, type=kind))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,6 +33,7 @@ from esreason.es.population import draw_population, sampling_seeds
 from esreason.es.schedule import Schedule
 from esreason.tasks.base import Problem
 from esreason.verifiers.base import Verdict
+from esreason.verifiers.reward_functions import TASK_REWARD, RewardFunctions
 
 ES_STATE_FILE = "es_state.json"
 _CONTROL_STREAM = 0xC0C0
@@ -40,10 +41,28 @@ _CONTROL_STREAM = 0xC0C0
 
 @dataclass
 class TrainResult:
-    """steps: updates completed; final_checkpoint: path of the last checkpoint."""
+    """steps: updates completed; final_checkpoint: path of the last checkpoint; state: the run's
+    ``transformers.TrainerState`` (global_step, max_steps, log_history); model: the trained model
+    (the centre the final checkpoint holds)."""
 
     steps: int
     final_checkpoint: Path | None
+    state: Any = field(default=None, repr=False)
+    model: Any = field(default=None, repr=False)
+
+
+def reward_stats(values: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    """``rewards/<name>/mean`` and ``rewards/<name>/std`` over an update's responses, as TRL's GRPO logs
+    them (``values``: [responses, functions], NaN = the function returned None): the mean and the
+    Bessel-corrected std of the values that are not NaN (trl.trainer.utils.nanstd; NaN when fewer than 2).
+    A task with a built-in verifier has one function, named ``task_reward`` as under GRPO."""
+    out: dict[str, float] = {}
+    for j, name in enumerate(names):
+        column = values[:, j]
+        column = column[~np.isnan(column)]
+        out[f"rewards/{name}/mean"] = float(column.mean()) if column.size else float("nan")
+        out[f"rewards/{name}/std"] = float(column.std(ddof=1)) if column.size > 1 else float("nan")
+    return out
 
 
 class ESTrainer:
@@ -54,7 +73,8 @@ class ESTrainer:
     verifier. run_dir: esreason.io.RunDir. logger: esreason.io.MetricsLogger.
     heldout: optional callable(step) -> dict of held-out metrics.
     evaluator: the population evaluator (``backend.type``; default: the sequential
-    reference on ``policy``). The trainer's ``policy`` always holds the authoritative
+    reference on ``policy``). events: the run's TrainerState, TrainerControl and callbacks
+    (:class:`esreason.es_loop.events.LoopEvents`; default: a state and no callbacks). The trainer's ``policy`` always holds the authoritative
     centre and writes the checkpoints; it applies every update itself, except with a sharded
     Ray pool (``evaluator.owns_update``), which updates it in the background
     (:meth:`wait_reference` joins that before the policy is read).
@@ -64,7 +84,7 @@ class ESTrainer:
                  problems: Sequence[Problem], prompts: Sequence[str],
                  scorer: Callable[[str, Any], Verdict], run_dir: Any, logger: Any,
                  heldout: Callable[[int], dict[str, float]] | None = None,
-                 evaluator: PopulationEvaluator | None = None) -> None:
+                 evaluator: PopulationEvaluator | None = None, events: Any = None) -> None:
         self.cfg = cfg
         self.policy = policy
         self.generator = generator
@@ -77,6 +97,13 @@ class ESTrainer:
         self.evaluator = evaluator if evaluator is not None else SequentialEvaluator(policy, generator)
         self.schedule = Schedule(len(self.problems), cfg.train.batch_size, cfg.train.epochs, cfg.train.seed,
                                  cfg.train.stream_start)
+        if events is None:
+            from esreason.es_loop.events import LoopEvents
+
+            events = LoopEvents(cfg)
+        self.events = events
+        if isinstance(scorer, RewardFunctions):  # TRL passes its TrainerState to reward functions: so do we
+            scorer.trainer_state = events.state
 
     @property
     def total_steps(self) -> int:
@@ -98,7 +125,12 @@ class ESTrainer:
         prompts = [self.prompts[i] for i in idx]
         golds = [self.problems[i].gold for i in idx]
         pop = draw_population(self.cfg.train.seed, t, es.population_size, es.estimator)
+        functions = isinstance(self.scorer, RewardFunctions)
+        if functions:
+            self.scorer.start_recording()  # each function's rewards of this population, for rewards/<name>/*
         result = self.evaluator.evaluate(pop, es.sigma, prompts, golds, self.scorer, self.member_params(t))
+        per_function = reward_stats(self.scorer.take_recorded(), self.scorer.names) if functions else \
+            reward_stats(result.rewards.reshape(-1, 1), [TASK_REWARD])
         self.wait_reference()  # a sharded pool updates the policy in the background; done by now
         member_r = result.member_rewards  # [N]
         shaped_input = member_r
@@ -144,6 +176,7 @@ class ESTrainer:
             "rollouts": len(pop.seeds) * len(prompts),  # sampled responses the update used: N members x prompts
             "tokens": result.tokens,
             "tokens_per_s": result.tokens / max(step_time, 1e-9),
+            **per_function,
         }
         if probe is not None:
             metrics.update(probe.finish())  # samples the updated centre (read-only)
@@ -188,29 +221,62 @@ class ESTrainer:
 
     # ------------------------------------------------------------------ loop
 
+    def _log(self, step: int, metrics: dict[str, Any], report: bool) -> None:
+        """The row to metrics.jsonl always; to TensorBoard / W&B, log_history and on_log when ``report``."""
+        self.logger.log(step, metrics, report=report)
+        if report:
+            self.events.log(step, metrics)
+
     def train(self, start_step: int = 0, progress: bool = True) -> TrainResult:
+        from esreason.es_loop.events import reported
         from esreason.io import progress_bar
 
         total = self.total_steps
         every = self.cfg.checkpoint.every
+        logging_steps = self.cfg.logging.logging_steps
+        per_epoch = self.schedule.steps_per_epoch
+        events = self.events
         last_ckpt: Path | None = None
+        steps_done = start_step
+        events.train_begin(total, start_step, per_epoch)
         if start_step == 0 and self.heldout is not None and self.cfg.eval.every:
-            self.logger.log(0, self.heldout(0))
+            row = self.heldout(0)
+            self._log(0, row, True)
+            events.evaluate(row)
         bar = progress_bar(total=total, desc="ES", disable=None if progress else True, initial=start_step)
         for t in range(start_step, total):
+            epoch = self.schedule.position(t)[0]
+            if t == start_step or self.schedule.position(t - 1)[0] != epoch:
+                events.epoch_begin()
+            events.step_begin()
             metrics = self.step(t)
             steps_done = t + 1
+            heldout: dict[str, float] = {}
             if self.heldout is not None and self.cfg.eval.every and steps_done % self.cfg.eval.every == 0:
                 self.wait_reference()
-                metrics.update(self.heldout(steps_done))
-            self.logger.log(steps_done, metrics)
+                heldout = self.heldout(steps_done)
+                metrics.update(heldout)
+            save = bool(every and steps_done % every == 0) or steps_done == total
+            events.step_end(steps_done, steps_done / per_epoch,
+                            log=reported(steps_done, total, logging_steps, metrics), save=save)
+            self._log(steps_done, metrics, events.control.should_log)  # (a callback may have changed it)
+            if heldout:
+                events.evaluate(heldout)
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy/mean']:.3f}")
-            if (every and steps_done % every == 0) or steps_done == total:
+            if events.control.should_save or events.control.should_training_stop:  # a stopped run keeps its last update
                 last_ckpt = self.save_checkpoint(steps_done)
+                events.save()
+            if steps_done == total or self.schedule.position(steps_done)[0] != epoch \
+                    or events.control.should_training_stop:
+                events.epoch_end()
+            if events.control.should_training_stop:
+                break
         bar.close()
         self.wait_reference()
+        events.train_end()
         if last_ckpt is None and start_step >= total:
             found = self.run_dir.latest_checkpoint()
             last_ckpt = found[1] if found else None
-        return TrainResult(total, last_ckpt)
+        return TrainResult(total if start_step >= total else steps_done, last_ckpt, state=events.state,
+                           model=getattr(self.policy, "model", None))

@@ -19,6 +19,7 @@ import numpy as np
 from esreason.embedded import safe_decode
 from esreason.tasks.base import Problem
 from esreason.verifiers.base import Verdict
+from esreason.verifiers.reward_functions import TASK_REWARD, call_reward
 
 PROBLEM_COLUMN = "problem_index"
 
@@ -36,7 +37,7 @@ class TaskReward:
     per-process stds is not the batch std.
     """
 
-    __name__ = "task_reward"  # TRL names the reward column after the callable
+    __name__ = TASK_REWARD  # TRL names the reward column after the callable
 
     def __init__(self, problems: Sequence[Problem], tokenizer: Any, scorer: Callable[[str, Any], Verdict]) -> None:
         self.problems = list(problems)
@@ -60,12 +61,31 @@ class TaskReward:
         return [float(r) for r in rewards]
 
 
+class CheckedReward:
+    """A user's reward function as TRL calls it, through :func:`esreason.verifiers.reward_functions.call_reward`:
+    a function that raises, returns strings, the wrong count, NaN or inf stops the run with the one line
+    ES gives (a :class:`~esreason.verifiers.reward_functions.RewardFunctionError`), instead of TRL's own
+    error from deep in its trainer ("too many dimensions 'str'") or the function's traceback. It keeps
+    the function's name, so TRL logs ``rewards/<name>/mean`` as before; values pass through unchanged.
+    """
+
+    def __init__(self, func: Callable[..., Any], name: str) -> None:
+        self.func = func
+        self.__name__ = name
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Any],
+                 **kwargs: Any) -> list[float | None]:
+        return call_reward(self.func, self.__name__, prompts=prompts, completions=completions,
+                           completion_ids=completion_ids, **kwargs)
+
+
 def trl_rewards(problems: Sequence[Problem], tokenizer: Any, scorer: Any) -> tuple[list[Any], list[float], list[dict[str, Any]]]:
     """(reward functions, their weights, dataset rows) to hand TRL for ``problems`` scored by ``scorer``.
 
     A task of TRL-style reward functions (:class:`esreason.verifiers.reward_functions.RewardFunctions`)
-    gives TRL the user's functions themselves, with their weights, and rows holding the prompt (text or
-    messages) and every column of the user's data, so TRL calls them exactly as it would without us.
+    gives TRL the user's functions, each behind a :class:`CheckedReward` (the same checks and one-line
+    errors as ES), with their weights, and rows holding the prompt (text or messages) and every column of
+    the user's data, so TRL calls them with exactly the arguments it would without us.
     Any other task gets one :class:`TaskReward` over its verifier, and rows that index the problems.
     """
     from esreason.verifiers.reward_functions import RewardFunctions
@@ -75,9 +95,10 @@ def trl_rewards(problems: Sequence[Problem], tokenizer: Any, scorer: Any) -> tup
 
     if isinstance(scorer, RewardFunctions):
         rows = [{"prompt": prompt(p), **dict(p.gold.columns)} for p in problems]
-        return list(scorer.funcs), [float(w) for w in scorer.weights], rows
+        funcs = [CheckedReward(f, name) for f, name in zip(scorer.funcs, scorer.names)]
+        return funcs, [float(w) for w in scorer.weights], rows
     rows = [{"prompt": prompt(p), PROBLEM_COLUMN: i} for i, p in enumerate(problems)]
     return [TaskReward(problems, tokenizer, scorer)], [1.0], rows
 
 
-__all__ = ["PROBLEM_COLUMN", "TaskReward", "trl_rewards"]
+__all__ = ["PROBLEM_COLUMN", "CheckedReward", "TaskReward", "trl_rewards"]

@@ -97,10 +97,14 @@ def _drop_newer_trl_states(trl_dir: Path, optimizer_steps: int) -> None:
 
 
 def _check_fresh(out: Path) -> None:
-    for sub in ("metrics.jsonl", "checkpoints", "trl"):
-        if (out / sub).exists():
-            raise UserError(f"run directory {out} already holds a run ({sub}); pass --resume to continue it "
-                            "or choose another --output")
+    """Refuse a directory a run has trained in (:func:`esreason.es_loop.resume.trained_evidence`); the
+    headers of a run that failed before its first update are replaced."""
+    from esreason.es_loop.resume import trained_evidence
+
+    held = trained_evidence(out, extra=("trl/checkpoint-*",))
+    if held is not None:
+        raise UserError(f"run directory {out} already holds a run ({held}); pass --resume to continue it "
+                        "or choose another --output")
 
 
 def _check_device(cfg: GRPORunConfig) -> None:
@@ -193,9 +197,13 @@ def _check_processes(cfg: GRPORunConfig, procs: Processes) -> None:
 
 
 def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchPlan,
-                  trl_kwargs: dict[str, Any], check: Any, start: int = 0) -> None:
-    """RUN/config.yaml and RUN/manifest.json (with the batch plan and every TRL argument), where
-    ``check`` (:class:`esreason.es_loop.resume.ResumeCheck`) says they are new, damaged or extended."""
+                  trl_kwargs: dict[str, Any], check: Any, start: int = 0, task_print: Any = None,
+                  accepted: Any = ()) -> None:
+    """RUN/config.yaml and RUN/manifest.json (with the batch plan, every TRL argument and the data and
+    reward fingerprint, :mod:`esreason.es_loop.fingerprint`), where ``check``
+    (:class:`esreason.es_loop.resume.ResumeCheck`) says they are new, damaged or extended."""
+    from esreason.es_loop import fingerprint as fp
+
     import yaml
 
     from esreason.backends.hf import resolve_model_path
@@ -209,6 +217,8 @@ def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchP
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(to_dict(cfg), sort_keys=False))
     if not check.rewrite_manifest:
         record_extension(out, cfg, check, start)
+        if task_print is not None:
+            fp.update_manifest(out, task_print, at_step=start, accepted=accepted)
         return
     resolved = resolve_model_path(cfg.model)
     model_dir = resolved if Path(resolved).is_dir() else None  # hub ids are not hashed
@@ -216,14 +226,18 @@ def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchP
                               datasets={cfg.task: f"{num_problems} problems, split {cfg.train.split}"})
     manifest["trainer"] = {"backend": "trl.GRPOTrainer", "trl_version": TRL_VERSION,
                            "batch_plan": plan.as_dict(), "trl_args": trl_kwargs}
+    if task_print is not None:
+        fp.record_fingerprint(manifest, task_print, at_step=start, accepted=accepted)
     write_manifest(out, manifest)
 
 
 def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, progress: bool = True,
-             resume_from: int | None = None) -> GRPOResult:
+             resume_from: int | None = None, accept_task_change: bool = False) -> GRPOResult:
     """Train with GRPO according to ``cfg`` into run directory ``output``.
 
     ``resume``: from the newest intact checkpoint (docs/faults.md); ``resume_from``: from step_N.
+    A resume refuses other training data or another reward (:mod:`esreason.es_loop.fingerprint`)
+    unless ``accept_task_change``.
 
     Runs as one process, or as one of P processes under ``accelerate launch`` (module
     :mod:`esreason.grpo.distributed`): the batch plan is global, only the main process writes, and
@@ -234,11 +248,12 @@ def run_grpo(cfg: GRPORunConfig, output: str | Path, *, resume: bool = False, pr
 
     lock = directory_lock(output, what="run directory") if Processes.from_env().is_main else nullcontext()
     with lock:
-        return _run_grpo(cfg, Path(output), resume=resume, progress=progress, resume_from=resume_from)
+        return _run_grpo(cfg, Path(output), resume=resume, progress=progress, resume_from=resume_from,
+                         accept_task_change=accept_task_change)
 
 
 def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
-              resume_from: int | None) -> GRPOResult:
+              resume_from: int | None, accept_task_change: bool = False) -> GRPOResult:
     """:func:`run_grpo` under the run directory's lock (main process)."""
     from esreason import tasks
     from esreason.backends.hf import load_model
@@ -273,6 +288,12 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         problems = stream_problems(cfg, problems)
     plan = plan_batches(cfg, len(problems), procs.num_processes)
     scorer = task.scorer(cfg.grpo.format_reward)
+    from esreason.es_loop import fingerprint as fp
+    from esreason.es_loop.resume import trained_evidence
+
+    task_print = fp.fingerprint(task, problems, scorer)
+    trained = resume and trained_evidence(out, extra=("trl/checkpoint-*",)) is not None
+    accepted = fp.check_task_unchanged(out, task_print, accept=accept_task_change) if trained else []
     trl_kwargs = trl_args_for_run(cfg, plan, out / cb.TRL_DIR, problems)  # vLLM's context: the longest prompt
     from esreason.verifiers.reward_functions import RewardFunctions
 
@@ -300,7 +321,8 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         if resume:
             _clean_run_dir(out, point)
         out.mkdir(parents=True, exist_ok=True)
-        _write_header(out, cfg, len(problems), plan, trl_kwargs, check, point.step if point else 0)
+        _write_header(out, cfg, len(problems), plan, trl_kwargs, check, point.step if point else 0, task_print,
+                      accepted)
         from esreason.experiments.budget import record_in_manifest
 
         record_in_manifest(out, cfg, model, updates=plan.total_updates)  # planned rollouts, tokens, FLOPs
@@ -323,7 +345,8 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         return final
 
     start = point.step if point else 0
-    truncate_after = (start if point else -1) if resume else None
+    # resume, or a fresh start over the headers of a run that failed before its first update: drop old rows
+    truncate_after = (start if point else -1) if resume or (out / "metrics.jsonl").exists() else None
     from esreason.config import to_dict
     from esreason.io.wandb_log import wandb_metrics
 
@@ -443,7 +466,7 @@ def _cmd_train_grpo(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else _default_output(args.config)
     try:
         result = run_grpo(cfg, output, resume=args.resume, progress=not args.no_progress,
-                          resume_from=args.resume_from)
+                          resume_from=args.resume_from, accept_task_change=args.accept_task_change)
     finally:  # before Python finalises (gloo aborts otherwise)
         shutdown_process_group(vllm_colocated=cfg.grpo.use_vllm and cfg.grpo.vllm_mode == "colocate")
     if Processes.from_env().is_main:  # one summary, not one per process
@@ -462,6 +485,9 @@ def register(train_subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", help="run directory (default: runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output from its last checkpoint")
     add_resume_from(p)
+    from esreason.es_loop.fingerprint import add_accept_flag
+
+    add_accept_flag(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     from esreason.config_logging import add_wandb_flag
 

@@ -220,8 +220,9 @@ class MetricsLogger:
             _after_existing_event_files(self.run_dir / TENSORBOARD_DIR)
             self._tb = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR), purge_step=purge)
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """Write one row. Keys must be strings other than "step"; values JSON-serialisable."""
+    def log(self, step: int, metrics: dict[str, Any], *, report: bool = True) -> None:
+        """Write one row. Keys must be strings other than "step"; values JSON-serialisable.
+        ``report=False``: metrics.jsonl only, not TensorBoard (``logging.logging_steps``)."""
         if isinstance(step, bool) or not isinstance(step, numbers.Integral):
             raise TypeError(f"step must be an int, got {step!r}")
         bad = [k for k in metrics if not isinstance(k, str) or k == "step"]
@@ -231,7 +232,7 @@ class MetricsLogger:
             raise ValueError(f"MetricsLogger for {self.path} is closed")
         step = int(step)
         append_line(self._fh, self.path, to_json({"step": step, **metrics}))
-        if self._tb is not None:
+        if self._tb is not None and report:
             for key, value in metrics.items():
                 v = _scalar(value)
                 if v is not None:

@@ -118,7 +118,11 @@ class WandbMetrics:
         self.logger, self.run, self.table_every, self.sample = logger, run, table_every, sample
         self.x_axis = x_axis
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def log(self, step: int, metrics: dict[str, Any], *, report: bool = True) -> None:
+        """``report=False`` (not a ``logging.logging_steps`` update): the run directory's record only."""
+        if not report:
+            self.logger.log(step, metrics, report=False)
+            return
         self.logger.log(step, metrics)  # the run directory first: it is the record
         data: dict[str, Any] = scalars(metrics)
         if self.sample is not None and self.table_every and step > 0 and step % self.table_every == 0:

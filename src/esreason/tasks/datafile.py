@@ -192,7 +192,11 @@ def load_task_file(file: str | Path) -> tuple[Task, bool]:
         raise TaskFileError(f"task file {file}: top level must be a mapping")
     unknown = sorted(set(spec) - set(KEYS))
     if unknown:
-        raise _fail(file, unknown[0], f"unknown key; known keys: {', '.join(KEYS)}")
+        import difflib
+
+        near = difflib.get_close_matches(str(unknown[0]), KEYS, n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        raise _fail(file, unknown[0], f"unknown key{hint}; known keys: {', '.join(KEYS)}")
     name = spec.get("task")
     if not isinstance(name, str) or not name:
         raise _fail(file, "task", f"expected the task's name, got {name!r}")

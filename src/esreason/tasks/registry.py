@@ -146,17 +146,24 @@ def add_tasks_dir(path: str | Path) -> list[str]:
     return added
 
 
+#: Top-level keys only a task file has (no run, experiment or sweep config uses them): a YAML file with
+#: ``task`` and one of these is a task file even when ``data`` is misspelt, so the typo is an error.
+TASK_FILE_MARKERS = ("data", "dataset", "prompt", "gold", "verifier", "reward", "reward_weights",
+                     "pass_threshold", "scorer", "vote")
+
+
 def is_task_file(file: Path) -> bool:
-    """A YAML file under a tasks directory is a task file when its top level has ``task`` and ``data``
-    or ``dataset`` (run configs and other YAML files beside it are skipped, and named when a task is
-    not found)."""
+    """A YAML file under a tasks directory is a task file when its top level has ``task`` and a key only
+    task files have (:data:`TASK_FILE_MARKERS`: ``data`` or ``dataset``, ``prompt``, ``reward``, ...).
+    Run configs and other YAML files beside it are skipped, and named when a task is not found; a task
+    file with a misspelt key (``dat:``) is parsed, and the key named as unknown."""
     import yaml
 
     try:
         spec = yaml.safe_load(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return True  # load_task_file names what is wrong with it
-    return isinstance(spec, dict) and "task" in spec and ("data" in spec or "dataset" in spec)
+    return isinstance(spec, dict) and "task" in spec and any(k in spec for k in TASK_FILE_MARKERS)
 
 
 def names() -> list[str]:

@@ -42,6 +42,9 @@ import numpy as np
 from esreason.errors import UserError
 from esreason.verifiers.base import Verdict
 
+#: The name of a built-in verifier's reward under GRPO and in ES's ``rewards/<name>/mean`` metrics
+#: (:class:`esreason.grpo.reward.TaskReward`).
+TASK_REWARD = "task_reward"
 #: The dataset column every row has (TRL's name).
 PROMPT = "prompt"
 #: Keyword arguments TRL passes besides the columns; a column with one of these names is refused.
@@ -99,6 +102,34 @@ def _as_float(value: Any, name: str, row: int) -> float:
     return out
 
 
+def call_reward(func: Callable[..., Any], name: str, *, prompts: Sequence[Any], completions: Sequence[Any],
+                completion_ids: Sequence[Any], **kwargs: Any) -> list[float | None]:
+    """Call one reward function with TRL's keyword arguments and check what it returns: one float (or
+    None) per completion, finite. Every error is one :class:`RewardFunctionError` line naming the
+    function and the first bad row, under ES, under GRPO (TRL calls the function through
+    :func:`esreason.grpo.reward.trl_rewards`' wrapper, which calls this) and in evaluations."""
+    n = len(completions)
+    try:
+        values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
+    except RewardFunctionError:
+        raise
+    except Exception as exc:  # the user's code: name it, its error and the batch, keep the cause
+        first = f", first row: prompt {prompts[0]!r:.80}" if len(prompts) else ""
+        raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
+                                  f"(called on {n} completions{first})") from exc
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise RewardFunctionError(f"reward function {name!r} returned {type(values).__name__}, expected a "
+                                  f"list of {n} rewards (one per completion)")
+    if len(values) != n:
+        raise RewardFunctionError(f"reward function {name!r} returned {len(values)} rewards for {n} "
+                                  f"completions (row {min(len(values), n)} is the first without one)")
+    out: list[float | None] = []
+    for r, v in enumerate(values):
+        x = _as_float(v, name, r)
+        out.append(None if math.isnan(x) else x)
+    return out
+
+
 class RewardFunctions:
     """A scorer over TRL-style reward functions (``score_batch(texts, golds) -> list[Verdict]``).
 
@@ -112,6 +143,13 @@ class RewardFunctions:
     def __init__(self, funcs: Callable[..., Any] | Sequence[Callable[..., Any]], *,
                  weights: Sequence[float] | None = None, pass_threshold: float = 1.0,
                  answer_fn: Callable[[str], Hashable | None] | None = None, tokenizer: Any = None) -> None:
+        if isinstance(funcs, (str, bytes)) or (isinstance(funcs, (list, tuple)) and
+                                               any(isinstance(f, (str, bytes)) for f in funcs)):
+            name = funcs if isinstance(funcs, (str, bytes)) else next(f for f in funcs if isinstance(f, (str, bytes)))
+            raise UserError(f"reward_funcs: {name!r} is a string; TRL loads a string as a reward model "
+                            "(AutoModelForSequenceClassification), which esreason does not support: give a reward "
+                            "function, e.g. def rm_reward(prompts, completions, **kwargs) that scores the "
+                            "completions with your model and returns one float per completion")
         self.funcs = [funcs] if callable(funcs) else list(funcs)
         if not self.funcs:
             raise UserError("reward_funcs: give at least one reward function")
@@ -133,6 +171,10 @@ class RewardFunctions:
         self.pass_threshold = float(pass_threshold)
         self.answer_fn = answer_fn
         self.tokenizer = tokenizer
+        #: What reward functions get as ``trainer_state``: the ES trainer sets its
+        #: ``transformers.TrainerState`` here (``global_step``, ``max_steps``, ...); None in evaluations.
+        self.trainer_state: Any = None
+        self.recorded: list[np.ndarray] | None = None
 
     @property
     def votes(self) -> bool:
@@ -165,25 +207,25 @@ class RewardFunctions:
         keys = [k for k in rows[0] if k != PROMPT] if rows else []
         columns = {k: [row.get(k) for row in rows] for k in keys}
         out = np.zeros((n, len(self.funcs)), dtype=np.float64)  # [n, F]
-        for j, (func, name) in enumerate(zip(self.funcs, self.names)):
-            try:
-                values = func(prompts=prompts, completions=completions, completion_ids=ids, trainer_state=None,
-                              log_extra=_no_op, log_metric=_no_op, **columns)
-            except RewardFunctionError:
-                raise
-            except Exception as exc:  # the user's code: name it, its error and the batch, keep the cause
-                raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
-                                          f"(called on {n} completions, first row: prompt {prompts[0]!r:.80})"
-                                          ) from exc
-            if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-                raise RewardFunctionError(f"reward function {name!r} returned {type(values).__name__}, expected a "
-                                          f"list of {n} rewards (one per completion)")
-            if len(values) != n:
-                raise RewardFunctionError(f"reward function {name!r} returned {len(values)} rewards for {n} "
-                                          f"completions (row {min(len(values), n)} is the first without one)")
-            for r, v in enumerate(values):
-                out[r, j] = _as_float(v, name, r)
+        for j, func in enumerate(self.funcs):
+            values = call_reward(func, self.names[j], prompts=prompts, completions=completions, completion_ids=ids,
+                                 trainer_state=self.trainer_state, log_extra=_no_op, log_metric=_no_op, **columns)
+            out[:, j] = [math.nan if v is None else v for v in values]
+        if self.recorded is not None:
+            self.recorded.append(out.copy())
         return out
+
+    def start_recording(self) -> None:
+        """Keep every call's per-function rewards until :meth:`take_recorded` (the ES trainer logs their
+        ``rewards/<name>/mean`` and ``/std`` per update, as TRL's GRPO does)."""
+        self.recorded = []
+
+    def take_recorded(self) -> np.ndarray:
+        """The per-function rewards of the calls since the last take, stacked [n, F] (None -> NaN); clears them."""
+        parts, self.recorded = self.recorded or [], [] if self.recorded is not None else None
+        if not parts:
+            return np.zeros((0, len(self.funcs)), dtype=np.float64)
+        return np.concatenate(parts, axis=0)
 
     def _ids(self, texts: Sequence[str]) -> list[list[int]]:
         if self.tokenizer is None or not texts:
@@ -219,5 +261,5 @@ class RewardFunctions:
         return value if isinstance(value, str) else repr(value)
 
 
-__all__ = ["PROMPT", "RESERVED", "RewardFunctionError", "RewardFunctions", "Row", "function_name",
-           "is_conversational"]
+__all__ = ["PROMPT", "RESERVED", "RewardFunctionError", "RewardFunctions", "Row", "TASK_REWARD", "call_reward",
+           "function_name", "is_conversational"]
