@@ -34,21 +34,22 @@ def _hash(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory) -> Path:
-    """A copy of examples/custom_task (its scripts write data/ beside themselves) with its data."""
+    """A copy of examples/custom_task as a fresh clone has it (its committed data included): its scripts
+    write runs/ beside themselves."""
     root = tmp_path_factory.mktemp("example") / "custom_task"
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("data", "__pycache__"))
-    _run([sys.executable, "make_data.py"], root)
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("runs", "__pycache__"))
     return root
 
 
 def test_train_py_is_short_and_the_api_run_equals_the_cli_run(example, tmp_path):
     assert len((EXAMPLE / "train.py").read_text().splitlines()) <= 40
-    printed = _run([sys.executable, "train.py", str(tmp_path / "api")], example)
+    printed = _run([sys.executable, "train.py"], example)  # as docs/custom-tasks.md runs it: in its directory
     scores = json.loads(printed.strip().splitlines()[-1])
     assert set(scores) == {"pass@1", "pass@8", "maj@8"} and all(0 <= v <= 1 for v in scores.values())
+    assert (example / "runs/mine/model/config.json").exists()  # trainer.save_model
     _run(["bash", "run_cli.sh", str(tmp_path / "cli")], example)
     for step in (5, 10):
-        assert _hash(tmp_path / f"api/checkpoints/step_{step}/model.safetensors") == \
+        assert _hash(example / f"runs/mine/checkpoints/step_{step}/model.safetensors") == \
             _hash(tmp_path / f"cli/es/checkpoints/step_{step}/model.safetensors")
     assert (tmp_path / "cli/grpo/checkpoints/step_10/model.safetensors").exists()
     summary = json.loads((tmp_path / "cli/eval-es/summary.json").read_text())

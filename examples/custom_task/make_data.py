@@ -2,7 +2,9 @@
 
     python make_data.py            # -> data/train.jsonl (2,000 rows), data/test.jsonl (200 rows)
 
-Each row: {"a": 5678, "b": 4567, "total": 10245}. Test pairs never occur in train.
+Each row: {"a": 5678, "b": 4567, "total": 10245}. Test pairs never occur in train. The files are
+committed (a fresh clone runs every command of docs/custom-tasks.md as it is); this script re-creates
+them byte for byte (tests/test_custom_task_docs.py checks it), and is the place to change the data.
 """
 
 import json
