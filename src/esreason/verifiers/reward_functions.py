@@ -19,15 +19,19 @@ evaluation call, over lists):
   same ids for the same text (TRL passes the sampled ids; they agree unless a tokenizer does not
   round-trip);
 - every other column of the row, by name;
-- ``trainer_state=None``, and ``log_extra`` / ``log_metric`` as no-ops (TRL's logging hooks: ES logs
-  its own reward statistics).
+- ``trainer_state``: under ES the trainer's ``transformers.TrainerState`` (``global_step`` = updates
+  done, ``max_steps``; set on :attr:`RewardFunctions.trainer_state`), None in evaluations; and
+  ``log_extra`` / ``log_metric`` as no-ops (TRL's logging hooks: ES logs its own reward statistics,
+  ``rewards/<name>/mean`` and ``/std`` included).
 
 A sample counts as *correct* when its reward is at least ``pass_threshold`` (default 1.0). Maj@K
 needs an answer to vote on: ``answer_fn(completion_text) -> hashable | None`` gives it (None
 abstains); without one the evaluation leaves Maj@K out and says why.
 
 Errors name the function and the first bad row: a function that raises, returns the wrong number
-of values, or returns NaN, inf or a non-number (:class:`RewardFunctionError`, a UserError).
+of values, or returns NaN, inf or a non-number (:class:`RewardFunctionError`, a UserError), under GRPO
+too (:func:`call_reward`). A string in ``reward_funcs`` (TRL's reward-model id) is refused: esreason
+does not load reward models.
 """
 
 from __future__ import annotations
