@@ -249,7 +249,8 @@ def test_bad_datasets_and_arguments_are_one_line(user_dir, tmp_path):
     with pytest.raises(UserError, match="reward_funcs: a train_dataset needs reward functions"):
         ESTrainer("demo", None, [{"prompt": "1+1"}], args=ESConfig(output_dir=str(tmp_path)))
     with pytest.raises(UserError, match="resume_from_checkpoint: .* is not a checkpoint of"):
-        ESTrainer("demo", fn, [{"prompt": "1+1", "total": 2}], args=ESConfig(output_dir=str(tmp_path / "x"))).train(
+        ESTrainer("demo", fn, [{"prompt": "1+1", "total": 2}],
+                  args=ESConfig(output_dir=str(tmp_path / "x"), batch_size=1)).train(
             resume_from_checkpoint=tmp_path / "elsewhere/step_1")
 
 
