@@ -47,8 +47,8 @@ class TrainResult:
 
     steps: int
     final_checkpoint: Path | None
-    state: Any = field(default=None, repr=False)
-    model: Any = field(default=None, repr=False)
+    state: Any = field(default=None, repr=False, compare=False)
+    model: Any = field(default=None, repr=False, compare=False)
 
 
 def reward_stats(values: np.ndarray, names: Sequence[str]) -> dict[str, float]:
