@@ -9,12 +9,13 @@ it says "demo"), the same short ES run (N members, B prompts, greedy, a reward w
 twice into fresh directories, alternating which goes first over ``--repeats`` rounds:
 
 - ``old``: ``backend.type: hf`` (what ``auto`` chose for this model before);
-- ``auto``: ``backend.type: auto`` (what it chooses now; ``choice`` says which and why).
+- ``auto``: ``backend.type: auto`` (what it chooses now; ``auto_choice`` says which, ``auto_reason`` why);
+- ``batched``: ``backend.type: batched``, only where ``auto`` chose hf: what the bound gave up.
 
 Prints ONE JSON object: per size, the parameter count, the median wall time of the ES updates
-(sum of the metrics rows' ``time/step``) and of the whole ``run_es`` call for each, the ratios
-old / auto, and whether every checkpoint of the two runs is bit-identical (it must be: ``auto`` only
-chooses a path that gives ``hf``'s checkpoints).
+(sum of the metrics rows' ``time/step``) and of the whole ``ESTrainer.train`` call for each, the
+ratios old / auto (and old / batched), and whether every checkpoint of the runs is bit-identical (it
+must be: ``auto`` only chooses a path that gives ``hf``'s checkpoints).
 
 Usage: python benchmarks/backend_auto.py [--sizes 64x2,256x4,512x8] [--population 16] [--batch 16]
        [--steps 3] [--tokens 32] [--repeats 3]
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 import esreason  # before torch: the bounded OpenMP spin (esreason.openmp) must be set when torch loads
+from esreason import ESConfig
 
 
 def variety(completions, **kwargs):
@@ -62,7 +64,7 @@ def make_model(root: Path, hidden: int, layers: int) -> tuple[Path, int]:
 
 
 def run(model: Path, out: Path, backend: str, a: argparse.Namespace) -> dict:
-    from esreason import ESConfig, ESTrainer
+    from esreason import ESTrainer
 
     data = [{"prompt": f"<s>{i}+{i + 7}="} for i in range(a.batch * a.steps)]
     args = ESConfig(output_dir=str(out), task="bench-auto", population_size=a.population, batch_size=a.batch,
@@ -103,22 +105,31 @@ def main() -> int:
         for size in a.sizes.split(","):
             hidden, layers = (int(x) for x in size.split("x"))
             model, params = make_model(root, hidden, layers)
-            times: dict[str, list[dict]] = {"old": [], "auto": []}
+            from esreason.backends.hf import load_model
+            from esreason.es_loop.select import choose_auto
+
+            probe = ESConfig(population_size=a.population).to_run_config(model=str(model))
+            will = choose_auto(probe, load_model(str(model), "float32", "cpu")[0])[0]
+            backends = {"old": "hf", "auto": "auto", **({"batched": "batched"} if will == "hf" else {})}
+            times: dict[str, list[dict]] = {name: [] for name in backends}
             identical = True
             for r in range(a.repeats):
-                order = ("old", "auto") if r % 2 == 0 else ("auto", "old")
+                order = list(backends) if r % 2 == 0 else list(reversed(backends))
                 dirs = {}
                 for name in order:
                     dirs[name] = root / f"{size}-{name}-{r}"
-                    times[name].append(run(model, dirs[name], "hf" if name == "old" else "auto", a))
-                identical &= hashes(dirs["old"]) == hashes(dirs["auto"]) and len(hashes(dirs["old"])) == a.steps
+                    times[name].append(run(model, dirs[name], backends[name], a))
+                first = hashes(dirs["old"])
+                identical &= len(first) == a.steps and all(hashes(d) == first for d in dirs.values())
             med = {name: {k: statistics.median(t[k] for t in ts) for k in ("steps_s", "run_s")}
                    for name, ts in times.items()}
             out["sizes"][size] = {
                 "params": params, "old_choice": times["old"][0]["type"], "auto_choice": times["auto"][0]["type"],
-                "auto_reason": times["auto"][0]["why"], "old": med["old"], "auto": med["auto"],
+                "auto_reason": times["auto"][0]["why"], **med,
                 "steps_ratio_old_over_auto": med["old"]["steps_s"] / med["auto"]["steps_s"],
                 "run_ratio_old_over_auto": med["old"]["run_s"] / med["auto"]["run_s"],
+                **({"steps_ratio_old_over_batched": med["old"]["steps_s"] / med["batched"]["steps_s"]}
+                   if "batched" in med else {}),
                 "same_checkpoints": identical}
             print(f"{size}: {out['sizes'][size]}", file=sys.stderr)
     print(json.dumps(out, indent=2))

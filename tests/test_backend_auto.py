@@ -81,6 +81,10 @@ def test_auto_keeps_hf_where_batched_would_not_give_the_same_checkpoints(qwen_di
     kind, reason = select.choose_auto(cfg, gpt2)
     assert kind == "hf" and "supports model types llama, qwen2; this model is 'gpt2'" in reason
     params = sum(p.numel() for p in model.parameters())
+    monkeypatch.setattr(select, "AUTO_BATCHED_MAX_PARAMS", params - 1)
+    kind, reason = select.choose_auto(cfg, model)
+    assert kind == "hf" and "M parameters: batched is faster only up to" in reason
+    monkeypatch.setattr(select, "AUTO_BATCHED_MAX_PARAMS", params)
     monkeypatch.setattr(select, "AUTO_BATCHED_MAX_BYTES", 4 * params * 4 - 1)  # 4 members' fp32 copies, less 1
     kind, reason = select.choose_auto(cfg, model)
     assert kind == "hf" and "4 members' stacked weights" in reason

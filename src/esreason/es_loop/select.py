@@ -19,10 +19,14 @@ from esreason.backends.base import Generator, PopulationEvaluator
 from esreason.errors import UserError
 
 
-#: ``backend.type: auto`` picks ``batched`` only while the members' stacked weights of one batched forward
-#: (``backend.population_batch`` members, or the population, x the model's float32 bytes) stay within this:
-#: they are held besides the model (a copy per member), and past the sizes benchmarks/backend_auto.py
-#: measured the gain is not known (a decode then reads the member weights once per token either way).
+#: ``backend.type: auto`` picks ``batched`` only for models of at most this many parameters: batching
+#: members saves per-call overhead, which shrinks beside the arithmetic as the model grows. Measured
+#: (benchmarks/backend_auto.py, docs/measurements.md "backend: auto"): batched was 1.6x faster than hf at
+#: 13.3M parameters and 0.97x at 31.5M; the bound sits in that gap (not measured at 16M itself).
+AUTO_BATCHED_MAX_PARAMS = 16_000_000
+#: ... and only while the members' stacked weights of one batched forward (``backend.population_batch``
+#: members, or the population, x the model's float32 bytes) stay within this: they are held besides the
+#: model, a copy per member.
 AUTO_BATCHED_MAX_BYTES = 2 * 1024 ** 3
 
 
@@ -31,8 +35,9 @@ def choose_auto(cfg: Any, model: Any) -> tuple[str, str]:
 
     The rule: ``batched`` when it gives the checkpoints ``hf`` gives, which it is built and tested to do
     (bit-identical rewards, hence updates) for a float32 Llama/Qwen2-layout model
-    (:func:`esreason.backends.popmodel.check_supported`) on the CPU, and when the stacked member weights
-    fit :data:`AUTO_BATCHED_MAX_BYTES`; ``hf`` otherwise. Not on CUDA: there GEMM results may depend on
+    (:func:`esreason.backends.popmodel.check_supported`) on the CPU, and when it is faster: a model of at
+    most :data:`AUTO_BATCHED_MAX_PARAMS` parameters whose stacked member weights fit
+    :data:`AUTO_BATCHED_MAX_BYTES`; ``hf`` otherwise. Not on CUDA: there GEMM results may depend on
     the batch's shape, so its rewards are not guaranteed equal (docs/internals.md, "Batched evaluation").
     benchmarks/backend_auto.py measures both choices side by side.
     """
@@ -42,8 +47,7 @@ def choose_auto(cfg: Any, model: Any) -> tuple[str, str]:
 
     if torch.device(cfg.device).type != "cpu":
         return "hf", f"device {cfg.device!r}: batched equals hf bit for bit only on the CPU"
-    params = [p for p in model.parameters()]
-    if any(p.dtype != torch.float32 for p in params):
+    if any(p.dtype != torch.float32 for p in model.parameters()):
         return "hf", f"dtype {cfg.dtype!r}: batched needs float32 weights"
     try:
         check_supported(model)
@@ -51,13 +55,18 @@ def choose_auto(cfg: Any, model: Any) -> tuple[str, str]:
         return "hf", str(exc).replace("config key 'model': ", "")
     from esreason.es.params import unique_named_parameters
 
+    unique = [p for _, p in unique_named_parameters(model)]
+    count = sum(p.numel() for p in unique)
+    if count > AUTO_BATCHED_MAX_PARAMS:
+        return "hf", (f"{count / 1e6:.1f}M parameters: batched is faster only up to "
+                      f"{AUTO_BATCHED_MAX_PARAMS / 1e6:.0f}M")
     members = cfg.backend.population_batch or cfg.es.population_size
-    stacked = members * sum(p.numel() * p.element_size() for _, p in unique_named_parameters(model))
+    stacked = members * sum(p.numel() * p.element_size() for p in unique)
     if stacked > AUTO_BATCHED_MAX_BYTES:
         return "hf", (f"{members} members' stacked weights would take {stacked / 1024 ** 3:.1f} GiB "
                       f"(> {AUTO_BATCHED_MAX_BYTES / 1024 ** 3:.0f} GiB)")
     return "batched", (f"{getattr(model.config, 'model_type', '?')} model in float32 on the CPU, "
-                       f"{stacked / 1024 ** 2:.0f} MiB of stacked member weights")
+                       f"{count / 1e6:.2f}M parameters, {stacked / 1024 ** 2:.1f} MiB of stacked member weights")
 
 
 def build_evaluator(cfg: Any, policy: Any, generator: Generator, tokenizer: Any) -> PopulationEvaluator:
