@@ -248,7 +248,7 @@ def check_ci_block(block: Block) -> None:
 class Session:
     """One page's blocks, run in order in a fresh copy of the tree under ``root``."""
 
-    def __init__(self, root: Path, *, env: dict[str, str] | None = None, timeout: float = 1800.0):
+    def __init__(self, root: Path, *, env: dict[str, str] | None = None, timeout: float = 3000.0):
         self.root = root
         self.state = root / ".docs-state"
         self.tree = root / "tree"

@@ -11,7 +11,9 @@ import pytest
 
 from docs_blocks import PAGES, run_page
 
-pytestmark = pytest.mark.docs
+#: A page's blocks run in one test: the README's includes the full `esreason demo` (4-10 min idle), so the
+#: suite's 600 s per test is too short on a busy machine; this bound only stops a hung page.
+pytestmark = [pytest.mark.docs, pytest.mark.timeout(3600)]
 
 
 @pytest.mark.parametrize("page", PAGES)
