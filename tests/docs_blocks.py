@@ -25,7 +25,9 @@ A block that cannot run here says so on its first line, visibly, in one of these
   appended (its CPU twin, or a short variant the page describes);
 - ``# [CI parses this only: REASON]``: every ``esreason`` command (also inside ``accelerate launch ... -m
   esreason.cli``) is parsed against the CLI and its ``--config`` file loaded with its ``--set`` overrides
-  against the schema; other programs (``ray``, ``pip``, ``wget``) are not run;
+  against the schema; ``python SCRIPT.py ARGS`` runs the script only up to its argparse parsing (an unknown
+  flag fails), ``bash SCRIPT.sh`` is checked with ``bash -n``; other programs (``ray``, ``pip``, ``wget``) are
+  not run;
 - ``# [CI runs these lines in .ci/run]``: each command line of the block is a line of ``.ci/run`` (the
   README's install and test commands, which CI runs as written on a clean clone).
 """
@@ -217,6 +219,8 @@ accelerate() { "$DOCS_PYTHON" "$DOCS_HELPER" accelerate "$@"; }
 ray() { echo "not run (needs the cluster): ray $*"; }
 pip() { echo "not run (an install): pip $*"; }
 wget() { echo "not run (the network): wget $*"; }
+python() { "$DOCS_PYTHON" "$DOCS_HELPER" script python "$@"; }
+bash() { "$DOCS_PYTHON" "$DOCS_HELPER" script bash "$@"; }
 """
 
 
@@ -402,6 +406,45 @@ def _accelerate(argv: list[str]) -> None:
         print(f"not run (needs GPUs): accelerate {' '.join(argv)}")
 
 
+def _script(program: str, argv: list[str]) -> None:
+    """The parse-only ``python SCRIPT.py ARGS``: the script runs until its argparse parser has read ARGS (exit 2
+    on an unknown flag), then stops. ``bash SCRIPT.sh ARGS``: the script exists and ``bash -n`` accepts it."""
+    import argparse
+    import runpy
+
+    shown = f"{program} {' '.join(argv)}"
+    if program == "python" and argv[:2] == ["-m", "esreason.cli"]:
+        return _parse_command(argv[2:])
+    if not argv or argv[0].startswith("-"):
+        print(f"not run (parsed only): {shown}")
+        return
+    path = Path(argv[0])
+    if not path.is_file():
+        raise SystemExit(f"{shown}: no such file {path} (from {Path.cwd()})")
+    if program == "bash":
+        subprocess.run(["bash", "-n", str(path)], check=True)
+        print(f"not run (syntax checked): {shown}")
+        return
+
+    class Parsed(Exception):
+        pass
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        parse(self, args, namespace)
+        raise Parsed
+
+    argparse.ArgumentParser.parse_args = parse_then_stop  # type: ignore[method-assign]
+    sys.argv = [str(path), *argv[1:]]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except Parsed:
+        print(f"parsed: {shown}")
+        return
+    raise SystemExit(f"{shown}: the script ended without parsing arguments with argparse, so it ran in full")
+
+
 def _python_server() -> None:
     """Execute Python blocks sent as JSON lines on stdin in one namespace; a status line after each."""
     import traceback
@@ -430,5 +473,7 @@ if __name__ == "__main__":
         _parse_command(rest)
     elif command == "accelerate":
         _accelerate(rest)
+    elif command == "script":
+        _script(rest[0], rest[1:])
     else:
         raise SystemExit(textwrap.shorten(f"unknown helper command {command!r}", 80))

@@ -101,6 +101,23 @@ def test_the_twin_and_parse_forms_reach_the_cli(session):
     assert "not run (needs the cluster): ray start --head" in out
 
 
+def test_parse_only_scripts_stop_after_their_arguments(tmp_path):
+    """A benchmark that exits 2 on a machine without CUDA once it runs is only parsed; a shell script is
+    syntax-checked, not run; a renamed flag or a missing script fails. (A session of its own: the shared one
+    has left the repository root.)"""
+    parse = "```bash\n# [CI parses this only: needs a GPU and vLLM]\n"
+    with Session(tmp_path, timeout=300) as session:
+        (block,) = _page(parse + "python benchmarks/gpu_es_step.py --models qwen2.5-0.5b --tokens 8\n"
+                         "bash scripts/gpu-acceptance.sh --sections es_resume --budget-s 240\n```\n")
+        out = session.run(block)
+        assert "parsed: python benchmarks/gpu_es_step.py --models qwen2.5-0.5b --tokens 8" in out
+        assert "not run (syntax checked): bash scripts/gpu-acceptance.sh" in out
+        for text, message in ((parse + "python benchmarks/gpu_es_step.py --no-such-flag\n```\n", "exit 2"),
+                              (parse + "bash scripts/no-such-script.sh --tiny\n```\n", "no such file")):
+            with pytest.raises(DocsError, match=message):
+                session.run(_page(text)[0])
+
+
 def test_the_readme_figure_is_what_the_demo_report_writes():
     """docs/figures/demo-passk.png is runs/demo/report/passk_profiles.png of a full `esreason demo`
     (`cp runs/demo/report/passk_profiles.png docs/figures/demo-passk.png`); the report still names its
