@@ -1,5 +1,6 @@
-"""docs/custom-tasks.md walks through examples/custom_task as it is: its Python block is train.py, text for
-text, and the committed data is what make_data.py writes (a fresh clone runs every command without it)."""
+"""docs/custom-tasks.md walks through examples/custom_task as it is: the blocks that name a file of the
+example (``# train.py`` on their first line) show it whole, and the committed data is what make_data.py
+writes (a fresh clone runs every command of the page without running it first)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,22 @@ EXAMPLE = ROOT / "examples" / "custom_task"
 DOC = ROOT / "docs" / "custom-tasks.md"
 
 
-def fenced(text: str, language: str) -> list[str]:
-    """The fenced code blocks of ``language`` in a Markdown text, each as written (with its last newline)."""
-    return re.findall(rf"^```{language}\n(.*?)^```$", text, flags=re.M | re.S)
+def shown_files() -> dict[str, str]:
+    """{file name: the block's text after its first line} for each fenced block whose first line is ``# NAME``."""
+    out = {}
+    for body in re.findall(r"^```\w+\n(.*?)^```$", DOC.read_text(encoding="utf-8"), flags=re.M | re.S):
+        first, _, rest = body.partition("\n")
+        m = re.fullmatch(r"#\s+([\w.-]+\.(?:py|yaml))\s*", first)
+        if m and (EXAMPLE / m[1]).is_file():
+            out[m[1]] = rest
+    return out
 
 
-def test_the_documented_script_is_train_py():
-    assert (EXAMPLE / "train.py").read_text(encoding="utf-8") in fenced(DOC.read_text(encoding="utf-8"), "python")
+def test_the_page_shows_the_example_files_whole():
+    shown = shown_files()
+    assert set(shown) == {"reward.py", "train.py", "carry_add.yaml"}, sorted(shown)
+    for name, text in shown.items():
+        assert text == (EXAMPLE / name).read_text(encoding="utf-8"), f"docs/custom-tasks.md's {name} is not the file"
 
 
 def test_the_committed_data_is_what_make_data_writes(tmp_path):
