@@ -220,6 +220,8 @@ class ESConfig:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        if self.report_to is None:  # TRL's None: no integration
+            object.__setattr__(self, "report_to", ("none",))
         if isinstance(self.report_to, str):  # TRL takes a string too: report_to="wandb"
             object.__setattr__(self, "report_to", tuple(v.strip() for v in self.report_to.split(",") if v.strip()))
         self.to_run_config()  # every check of the YAML config, naming the flat field
@@ -277,11 +279,13 @@ class ESConfig:
 
 def _flat_message(message: str) -> str:
     """A ConfigError message with its dotted key replaced by the flat field name."""
+    import re
+
     by_key = {key: flat for flat, key in FIELD_KEYS.items()}
     for key in sorted(by_key, key=len, reverse=True):
-        quoted = f"'{key}'"
-        if quoted in message:
-            return message.replace(quoted, f"'{by_key[key]}' ({key})", 1)
+        found = re.search(rf"'{re.escape(key)}(\[\d+\])?'", message)  # a list element: 'logging.report_to[0]'
+        if found:
+            return f"{message[:found.start()]}'{by_key[key]}' ({key}{found[1] or ''}){message[found.end():]}"
     return message
 
 
