@@ -187,6 +187,24 @@ def test_grpo_comparator_gives_our_line_for_rewards_returned_as_strings(tmp_path
         grpo.train()
 
 
+def test_grpo_resume_refuses_other_data_unless_accepted(tmp_path):
+    from esreason import GRPOComparator
+
+    overrides = ["grpo.num_generations=2", "grpo.micro_batch_size=4", "train.batch_size=2", "train.max_steps=1",
+                 "generation.max_new_tokens=8", "grpo.lr_scheduler=constant"]
+
+    def comparator(n: int, steps: int) -> GRPOComparator:
+        return GRPOComparator("demo", zero, rows(n), output_dir=tmp_path / "g", task="surface-grpo-resume",
+                              overrides=[*overrides, f"train.max_steps={steps}"])
+
+    assert comparator(4, 1).train().steps == 1
+    with pytest.raises(UserError, match=r"--resume of .*: the training data changed \(4 problems, .* -> 5 problems"):
+        comparator(5, 2).train(resume_from_checkpoint=True)
+    assert comparator(5, 2).train(resume_from_checkpoint=True, accept_task_change=True).steps == 2
+    manifest = json.loads((tmp_path / "g/manifest.json").read_text())
+    assert manifest["task_changes"][0]["at_step"] == 1 and manifest["fingerprint"]["data"]["problems"] == 5
+
+
 def test_a_reward_model_id_is_refused_with_what_to_do(tmp_path):
     from esreason import ESTrainer, GRPOComparator
 

@@ -202,11 +202,10 @@ def _write_header(out: Path, cfg: GRPORunConfig, num_problems: int, plan: BatchP
     """RUN/config.yaml and RUN/manifest.json (with the batch plan, every TRL argument and the data and
     reward fingerprint, :mod:`esreason.es_loop.fingerprint`), where ``check``
     (:class:`esreason.es_loop.resume.ResumeCheck`) says they are new, damaged or extended."""
-    from esreason.es_loop import fingerprint as fp
-
     import yaml
 
     from esreason.backends.hf import resolve_model_path
+    from esreason.es_loop import fingerprint as fp
     from esreason.config import to_dict
     from esreason.es_loop.resume import record_extension
     from esreason.grpo.trainer import TRL_VERSION
