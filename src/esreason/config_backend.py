@@ -20,7 +20,7 @@ class BackendConfig:
     batched: many members in one batched forward (small models). ray: a pool of engine
     actors (HF on CPU, vLLM on GPUs). vllm: one in-process vLLM engine (GPU). auto: the fastest
     in-process backend that gives hf's checkpoints, decided once the model is loaded: batched for
-    a float32 Llama/Qwen2-layout model on the CPU of at most 8M parameters whose members' stacked
+    a float32 Llama/Qwen2-layout model on the CPU of at most 16M parameters whose members' stacked
     weights (``population_batch`` or N copies) fit 2 GiB, hf otherwise (RUN/backend.json records the
     choice and why; benchmarks/backend_auto.py measures both, docs/measurements.md)."""
     engines: int = 1

@@ -164,7 +164,7 @@ class ESConfig:
     # --- backend -----------------------------------------------------------------------------
     backend: Literal["auto", "hf", "batched", "ray", "vllm"] = "auto"
     """Population evaluation: 'auto' (the YAML key's rule: batched for a float32 Llama/Qwen2 model of at
-    most 8M parameters on the CPU, same checkpoints as hf and faster; hf otherwise), or hf, batched,
+    most 16M parameters on the CPU, same checkpoints as hf and faster; hf otherwise), or hf, batched,
     ray, vllm (docs/gpu-layout.md). The YAML default is hf, the reference."""
     engines: int = 1
     """Engines of a Ray pool."""
