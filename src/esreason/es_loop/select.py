@@ -21,10 +21,10 @@ from esreason.errors import UserError
 
 #: ``backend.type: auto`` picks ``batched`` only for models of at most this many parameters: batching
 #: members saves per-call overhead, which shrinks beside the arithmetic as the model grows. Measured
-#: (benchmarks/backend_auto.py, four runs, docs/measurements.md "backend: auto"): batched was faster than hf
-#: in every run up to 6.2M parameters (1.5-8.6x), 1.6x (median of 0.99, 1.58, 2.15) at 13.3M, and as fast
-#: at 31.5M (0.97, 1.09), where its stacked weights cost memory for nothing; the bound sits between the
-#: last two sizes (not measured at 16M itself).
+#: (benchmarks/backend_auto.py, five runs on a busy 2-core CPU, docs/measurements.md "backend: auto"): batched
+#: was faster than hf in every run up to 6.2M parameters (1.5-8.6x), 1.8x at 13.3M (median of 0.99, 1.58,
+#: 2.00, 2.15) and as fast at 31.5M (0.97, 1.09), where its stacked weights cost memory for nothing; the
+#: bound sits between the last two sizes (not measured at 16M itself).
 AUTO_BATCHED_MAX_PARAMS = 16_000_000
 #: ... and only while the members' stacked weights of one batched forward (``backend.population_batch``
 #: members, or the population, x the model's float32 bytes) stay within this: they are held besides the
