@@ -34,7 +34,8 @@ class GRPOComparator:
     reward_weights: one weight per reward function (TRL's ``reward_weights``); None = 1 each.
     pass_threshold: a sample whose combined reward is >= this counts as correct.
     task: the name ``train_dataset`` is registered under (default: the config's ``task``, or
-        ``custom`` when that is the default ``demo-add``).
+        ``custom`` when that is the default ``demo-add``); without ``reward_funcs``, the registered task
+        to train on (default: the config's).
 
     Example::
 
@@ -78,6 +79,8 @@ class GRPOComparator:
             cfg = replace(cfg, task=name)
         elif train_dataset is not None:
             raise UserError("reward_funcs: a train_dataset needs reward functions to score it")
+        elif task is not None:  # a registered task (a built-in, a task file) with its own verifier
+            cfg = replace(cfg, task=task)
         self.config = cfg
         self.output_dir = Path(output_dir)
         self.result: Any = None
