@@ -1,4 +1,4 @@
-"""Tiny in-process ES runs that record what a key test needs to see (not a test module).
+"""Tiny in-process ES and GRPO runs that record what a key test needs to see (not a test module).
 
 :func:`es_run` trains through :class:`esreason.ESTrainer` (the same objects as ``esreason train es``)
 on the session's tiny random model (tests/conftest.py, ``tiny_model_dir``: hidden 32, 2 layers), a
@@ -11,7 +11,9 @@ few ``a+b=`` prompts and a reward that varies with the text, and records:
 - every call of the reward function (one per member: its completions and rewards);
 - metrics.jsonl and the run directory.
 
-A run of 4 members, 2 prompts and 6 new tokens takes about 0.3 s.
+A run of 4 members, 2 prompts and 6 new tokens takes about 0.3 s. :func:`grpo_run` does the same
+through :class:`esreason.GRPOComparator` (B = 2 prompts x G = 2 responses, about 2 s) and records
+the rollout batches the sampler draws for TRL (``grpo.rollouts: sampler``, the CPU default).
 """
 
 from __future__ import annotations
@@ -56,12 +58,20 @@ class Call:
 
 @dataclass
 class Run:
+    """A finished run and what it recorded."""
+
     out: Path
     result: Any
     calls: list[Call]
     rewards: list[list[float]] = field(default_factory=list)
-    """One entry per reward-function call: a member's rewards, in member order."""
+    """One entry per reward-function call (ES: a member's rewards, in member order)."""
     start: torch.Tensor | None = None
+    max_new_tokens: int = 0
+    """The training response limit (a held-out evaluation's calls use another, BASE)."""
+    rollouts: list = field(default_factory=list)
+    """GRPO: the rollout batches the sampler drew for TRL."""
+    config: Any = None
+    """GRPO: the run config trained."""
 
     @property
     def metrics(self) -> list[dict]:
@@ -70,8 +80,6 @@ class Run:
     def train_calls(self) -> list[Call]:
         """The members' calls (sampling at the run's training settings, not a held-out evaluation)."""
         return [c for c in self.calls if c.params.max_new_tokens == self.max_new_tokens]
-
-    max_new_tokens: int = 0
 
     def checkpoint(self, step: int | None = None) -> torch.Tensor:
         """The probed matrix in checkpoint ``step`` (default: the final one)."""
@@ -140,9 +148,7 @@ def es_run(out: Path, monkeypatch: Any, model_dir: Path, *, rows: list[dict] | N
     if kw["reward_funcs"] is None:
         kw.pop("train_dataset")
     result = ESTrainer(args=args, **kw).train()
-    run = Run(out, result, calls, rewards, start)
-    run.max_new_tokens = args.max_new_tokens
-    return run
+    return Run(out, result, calls, rewards, start, args.max_new_tokens)
 
 
 __all__ = ["BASE", "Call", "EVAL_ROWS", "PROBE", "ROWS", "Run", "es_run", "probe_tensor", "record_sampler",
@@ -194,21 +200,21 @@ def grpo_run(out: Path, monkeypatch: Any, model_dir: Path, *, rows: list[dict] |
     rollouts = record_rollouts(monkeypatch)
     dotted = {**GRPO_BASE, "model": str(model_dir), **(settings or {})}
     rewards: list[list[float]] = []
+
+    def recorded(completions: list[Any], **kwargs: Any) -> list[float]:
+        values = reward(completions, **kwargs)
+        rewards.append(list(values))
+        return values
+
     funcs = None
     if reward is not None:
-        def funcs(completions: list[Any], **kwargs: Any) -> list[float]:
-            values = reward(completions, **kwargs)
-            rewards.append(list(values))
-            return values
-        funcs.__name__ = reward.__name__
+        recorded.__name__ = reward.__name__  # TRL logs rewards/<name>/mean
+        funcs = recorded
     grpo = GRPOComparator(None, funcs, (ROWS if rows is None else rows) if reward is not None else None,
                           overrides=[f"{k}={_yaml(v)}" for k, v in dotted.items()], output_dir=out, **(api or {}))
     result = grpo.train()
-    run = Run(out, result, calls, rewards, start)
-    run.rollouts = rollouts  # type: ignore[attr-defined]
-    run.config = grpo.config  # type: ignore[attr-defined]
-    run.max_new_tokens = -1  # every sampler call of a GRPO run is a held-out evaluation
-    return run
+    # max_new_tokens -1: every sampler call of a GRPO run is a held-out evaluation (rollouts: generate_ids)
+    return Run(out, result, calls, rewards, start, -1, rollouts, grpo.config)
 
 
 def _yaml(value: Any) -> str:

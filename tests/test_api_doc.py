@@ -51,6 +51,7 @@ def test_help_shows_each_parameters_type_default_and_meaning_and_an_example(publ
     assert "Example\n" in text and doc.example.splitlines()[0] in text
 
 
+@pytest.mark.heavy  # trains (the fast subset, `--fast`, leaves it out)
 def test_the_examples_run(tmp_path, monkeypatch):
     """Each example, as docs/api.md shows it, in a fresh directory (cheap settings: about 5 s in all)."""
     (tmp_path / "configs").symlink_to(REPO / "configs")  # the ESConfig example reads a shipped config

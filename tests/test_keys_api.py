@@ -18,6 +18,8 @@ import pytest
 from key_runs import EVAL_ROWS, ROWS, es_run, record_sampler, text_reward
 from test_keys_es import user_tasks  # noqa: F401  (a fixture)
 
+pytestmark = pytest.mark.heavy  # trained runs: the fast subset (`--fast`) leaves this file out
+
 #: A valid non-default value of each flat field, with the fields it needs beside it.
 FLAT_VALUES: dict[str, tuple[object, dict]] = {
     "model": ("Qwen/Qwen2.5-0.5B-Instruct", {}), "task": ("demo-sub", {}), "data_path": ("data/x.jsonl", {}),

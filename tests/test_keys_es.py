@@ -24,7 +24,9 @@ import numpy as np
 import pytest
 import torch
 
-from key_runs import BASE, EVAL_ROWS, ROWS, es_run, probe_tensor
+from key_runs import BASE, EVAL_ROWS, ROWS, es_run
+
+pytestmark = pytest.mark.heavy  # trained runs: the fast subset (`--fast`) leaves this file out
 
 #: float32 arithmetic of a few terms plus one rounding of each weight (see the module docstring).
 ATOL = 1e-7
@@ -321,7 +323,9 @@ def test_reward_control_shuffle_detaches_rewards_from_directions(runs):
     run = runs("shuffle", reward_control="shuffle")
     z = zscore(member_rewards(run))
     matches = [p for p in permutations(range(N)) if close(run.update(), paper_update(run, z[list(p)]))]
-    assert matches and tuple(range(N)) not in matches
+    # the step is the paper's with the rewards permuted, and not with them in place (members with equal
+    # rewards may swap: every permutation that matches moves some weight)
+    assert matches and all(not np.allclose(z[list(p)], z) for p in matches)
 
 
 def test_perturbation_lowrank_and_rank(runs):
