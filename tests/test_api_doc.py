@@ -93,6 +93,23 @@ def _trainer(model: str = "demo", callbacks: list | None = None, *, verbose: boo
     """
 
 
+def _flush(resume: bool | None = None, verbose: bool = False) -> None:
+    """Entries continued without indentation, as some docstrings write them.
+
+    resume: None starts afresh;
+    True continues.
+    verbose: say more.
+
+    Prose after them.
+    """
+
+
+def test_entries_continued_without_indentation():
+    found, doc = docstrings.params(_flush)
+    assert [p.doc for p in found] == ["None starts afresh; True continues.", "say more."]
+    assert doc.after == "Prose after them."
+
+
 def _stale(model: str = "demo") -> None:
     """Docs for a parameter that went away.
 

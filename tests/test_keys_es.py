@@ -54,14 +54,15 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
     """``runs(name, **flat)``: a run with BASE changed by ``flat``, trained once per module and name."""
-    cache: dict[str, object] = {}
+    cache: dict[str, tuple] = {}
     root = tmp_path_factory.mktemp("es-keys")
 
     def get(name: str, **flat):
         if name not in cache:
             with pytest.MonkeyPatch.context() as mp:
-                cache[name] = es_run(root / name, mp, tiny_model_dir, **flat)
-        return cache[name]
+                cache[name] = (flat, es_run(root / name, mp, tiny_model_dir, **flat))
+        assert cache[name][0] == flat, f"run {name!r} was trained with other settings"
+        return cache[name][1]
     return get
 
 

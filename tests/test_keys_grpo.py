@@ -25,7 +25,7 @@ pytestmark = pytest.mark.heavy  # trained GRPO runs: the fast subset (`--fast`) 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
     """``runs(name, **dotted)``: a GRPO run with GRPO_BASE changed by ``dotted``, once per module and name."""
-    cache: dict[str, object] = {}
+    cache: dict[str, tuple] = {}
     root = tmp_path_factory.mktemp("grpo-keys")
 
     def get(name: str, *, reward="default", patch=None, api=None, **dotted):
@@ -34,8 +34,9 @@ def runs(tmp_path_factory, tiny_model_dir):
                 if patch:
                     patch(mp)
                 kw = {} if reward == "default" else {"reward": reward}
-                cache[name] = grpo_run(root / name, mp, tiny_model_dir, **kw, settings=dotted, api=api)
-        return cache[name]
+                cache[name] = (dotted, grpo_run(root / name, mp, tiny_model_dir, **kw, settings=dotted, api=api))
+        assert cache[name][0] == dotted, f"run {name!r} was trained with other settings"
+        return cache[name][1]
     return get
 
 

@@ -6,8 +6,9 @@ Two conventions, each written once in the source and read here:
   field. Python keeps no such string at runtime, so :func:`declared_fields` reads the class
   source with :mod:`ast`.
 - a parameter of a function or class is documented by an *entry* in its docstring: a line
-  ``name: text`` (``a / b: text`` for several), continued on indented lines. A line ``Example::``
-  starts the example, a literal block of runnable code.
+  ``name: text`` (``a / b: text`` for several), continued on the lines below it; a blank line and
+  unindented prose end the entries. A line ``Example::`` starts the example, a literal block of
+  runnable code.
 
 :func:`compose` builds the text ``help()`` shows from them: the docstring's prose, a
 "Parameters" section (numpydoc's layout) giving each parameter's type and default from the
@@ -118,8 +119,9 @@ def parse(doc: str | None, names: Sequence[str]) -> Doc:
     """Split docstring ``doc`` into prose, entries for the parameters ``names`` and the example.
 
     The entries are one block: from the first line ``name: text`` whose names are all parameters to
-    the first unindented line that is no entry. Inside the block an entry naming something else is
-    recorded in ``unknown``.
+    the first unindented line after a blank line that is no entry. An entry continues on the lines
+    below it (indented or not). Inside the block an entry naming something else is recorded in
+    ``unknown``.
     """
     lines = inspect.cleandoc(doc or "").splitlines()
     example = None
@@ -146,11 +148,11 @@ def parse(doc: str | None, names: Sequence[str]) -> Doc:
                 texts[name] = current  # ``a / b: text``: both share the text
                 if name not in known:
                     unknown.append(name)
-        elif not line.strip() or line.startswith((" ", "\t")):
-            current.append(line.strip())
-        else:
-            end = i
+        elif line.strip() and not line.startswith((" ", "\t")) and not lines[i - 1].strip():
+            end = i  # unindented prose after a blank line: the entries are over
             break
+        else:  # a continuation line (indented, or right below the entry), or a blank line
+            current.append(line.strip())
     entries = {name: _join(text) for name, text in texts.items() if name in known}
     return Doc("\n".join(lines[:start]).strip(), entries, "\n".join(lines[end:]).strip(), example,
                tuple(unknown))
