@@ -268,8 +268,9 @@ EXERCISED: dict[str, tuple[str, ...]] = {
     "test_keys_grpo.py::test_comparator_train_resume_from_checkpoint": ("GRPOComparator.train:resume_from_checkpoint",),
     "test_keys_api.py::test_evaluate_model": _where("evaluate", "model"),
     "test_keys_api.py::test_evaluate_dataset_and_reward_funcs": _where("evaluate", "dataset", "reward_funcs"),
-    "test_keys_api.py::test_evaluate_task_split_limit_tasks_dir_and_data_dir": _where(
-        "evaluate", "task", "split", "limit", "tasks_dir", "data_dir"),
+    "test_keys_api.py::test_evaluate_task_split_limit_and_data_dir": _where(
+        "evaluate", "task", "split", "limit", "data_dir"),
+    "test_keys_api.py::test_evaluate_tasks_dir": _where("evaluate", "tasks_dir"),
     "test_keys_api.py::test_evaluate_n_and_k": _where("evaluate", "n", "k"),
     "test_keys_api.py::test_evaluate_pass_threshold": _where("evaluate", "pass_threshold"),
     "test_keys_api.py::test_evaluate_answer_fn": _where("evaluate", "answer_fn"),

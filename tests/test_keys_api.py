@@ -203,16 +203,19 @@ def test_evaluate_dataset_and_reward_funcs(evals):
     assert ones["pass@1"] == 1.0 and result["num_problems"] == len(EVAL_ROWS)
 
 
-def test_evaluate_task_split_limit_tasks_dir_and_data_dir(evals, user_tasks, tmp_path):
+def test_evaluate_task_split_limit_and_data_dir(evals, user_tasks, tmp_path):
     by_task, _, _ = evals("task", task="keys-file")
     assert by_task["num_problems"] == 4  # its test split
     assert evals("split", task="keys-file", split="train")[0]["num_problems"] == 6
     assert evals("limit", task="keys-file", limit=3)[0]["num_problems"] == 3
-    assert evals("tasks_dir", task="keys-dir", tasks_dir=user_tasks / "keys-dir")[0]["num_problems"] == 2
     (tmp_path / "keys-file").mkdir()
     (tmp_path / "keys-file" / "test.jsonl").write_text(json.dumps({"a": 1, "b": 1, "total": 2}) + "\n")
     _, calls, _ = evals("data_dir", task="keys-file", data_dir=tmp_path)
     assert {p for c in calls for p in c.prompts} == {"1+1="}
+
+
+def test_evaluate_tasks_dir(evals, user_tasks):
+    assert evals("tasks_dir", task="keys-dir", tasks_dir=user_tasks / "keys-dir")[0]["num_problems"] == 2
 
 
 def test_evaluate_n_and_k(evals):

@@ -59,26 +59,37 @@ def test_model(runs):
 
 
 @pytest.fixture(scope="module")
-def from_files(runs, user_tasks):
-    """task + tasks_dir + train.split: train on keys-dir's test split, registered by tasks_dir."""
-    return runs("from-files", reward=None, **k(task="keys-dir", tasks_dir=str(user_tasks / "keys-dir"),
-                                                        train__split="test"))
+def from_file(runs, user_tasks):
+    """task + train.split: train on the test split of keys-file, a task-file task (tests/test_keys_es.py)."""
+    return runs("from-file", reward=None, **k(task="keys-file", train__split="test"))
 
 
-def test_task(from_files, user_tasks):
-    assert rollout_prompts(from_files) <= file_prompts(user_tasks, "keys-dir", "train") | file_prompts(
-        user_tasks, "keys-dir", "test")
-    assert list(json.loads((from_files.out / "manifest.json").read_text())["datasets"]) == ["keys-dir"]
+def test_task(from_file, user_tasks):
+    assert rollout_prompts(from_file) <= file_prompts(user_tasks, "keys-file", "train") | file_prompts(
+        user_tasks, "keys-file", "test")
+    assert list(json.loads((from_file.out / "manifest.json").read_text())["datasets"]) == ["keys-file"]
 
 
-def test_tasks_dir(from_files):
-    from esreason.tasks import registry
-
-    assert registry.source("keys-dir").startswith("file ")  # registered from the directory by the run
+def test_split(from_file, user_tasks):
+    assert rollout_prompts(from_file) <= file_prompts(user_tasks, "keys-file", "test")
 
 
-def test_split(from_files, user_tasks):
-    assert rollout_prompts(from_files) == file_prompts(user_tasks, "keys-dir", "test")
+def test_tasks_dir(tmp_path, monkeypatch, tiny_model_dir, user_tasks):
+    """The run registers the task files of ``tasks_dir`` before it looks its task up (stopped once the
+    task's problems are loaded)."""
+    from esreason.grpo import plan
+
+    loaded = []
+
+    def plan_batches(cfg, problems, *args, **kwargs):
+        loaded.append(problems)
+        raise RuntimeError("stop: problems loaded")
+
+    monkeypatch.setattr(plan, "plan_batches", plan_batches)
+    with pytest.raises(RuntimeError, match="stop: problems loaded"):
+        grpo_run(tmp_path / "r", monkeypatch, tiny_model_dir, reward=None,
+                 settings=k(task="keys-dir", tasks_dir=str(user_tasks / "keys-dir")))
+    assert loaded == [6]  # keys-dir's train split
 
 
 def test_data_path(runs, user_tasks):
