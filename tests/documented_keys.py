@@ -247,6 +247,10 @@ EXERCISED: dict[str, tuple[str, ...]] = {
     # ---------------------------------------------------------------- the Python API (tests/test_keys_api.py)
     "test_keys_api.py::test_output_dir": _where("ESConfig", "output_dir"),
     "test_keys_api.py::test_reward_weights_and_pass_threshold": _where("ESConfig", "reward_weights", "pass_threshold"),
+    # without reward_funcs they have nothing to act on: refused (the other face of their effect)
+    "test_keys_api.py::test_reward_weights_and_pass_threshold_without_reward_funcs_are_refused": (
+        "ESConfig:reward_weights", "ESConfig:pass_threshold", "GRPOComparator:reward_weights",
+        "GRPOComparator:pass_threshold", "evaluate:reward_weights", "evaluate:pass_threshold"),
     "test_keys_api.py::test_model_wins_over_args_model": _where("ESTrainer", "model"),
     "test_api.py::test_an_in_memory_model_trains_like_its_directory": _where("ESTrainer", "model",
                                                                               "processing_class"),

@@ -345,3 +345,18 @@ def test_evaluate_progress(evals, monkeypatch):
     asked.clear()
     evals("quiet")
     assert asked and set(asked) == {True}
+
+
+def test_reward_weights_and_pass_threshold_without_reward_funcs_are_refused(tmp_path, user_tasks):
+    """They combine and judge reward functions; a registered task scores with its own verifier, so given
+    without reward_funcs they would do nothing: one line instead."""
+    from esreason import ESConfig, ESTrainer, GRPOComparator, evaluate
+    from esreason.errors import UserError
+
+    for changed in ({"reward_weights": (2.0,)}, {"pass_threshold": 0.5}):
+        with pytest.raises(UserError, match=r"^reward_weights / pass_threshold: .*'keys-file' scores with its own"):
+            ESTrainer(args=ESConfig(output_dir=str(tmp_path), task="keys-file", **changed))
+        with pytest.raises(UserError, match=r"^reward_weights / pass_threshold: "):
+            GRPOComparator(task="keys-file", **changed)
+        with pytest.raises(UserError, match=r"reward_weights / pass_threshold go with a dataset"):
+            evaluate("demo", task="keys-file", **changed)

@@ -100,8 +100,9 @@ def evaluate(model: Any, dataset: Any = None, *, reward_funcs: Any = None, task:
         names = [register_api_task(reward_task(name, reward_funcs, {"test": dataset}, reward_weights=reward_weights,
                                                pass_threshold=pass_threshold, answer_fn=answer_fn)).name]
     else:
-        if reward_funcs is not None or answer_fn is not None:
-            raise UserError("evaluate: reward_funcs / answer_fn go with a dataset; a registered task has its own")
+        if reward_funcs is not None or answer_fn is not None or reward_weights is not None or pass_threshold != 1.0:
+            raise UserError("evaluate: reward_funcs / answer_fn / reward_weights / pass_threshold go with a dataset; "
+                            "a registered task has its own")
         names = [task] if isinstance(task, str) else list(task)  # type: ignore[arg-type]
         for t in names:
             registry.get(t)

@@ -79,6 +79,9 @@ class GRPOComparator:
             cfg = replace(cfg, task=name)
         elif train_dataset is not None:
             raise UserError("reward_funcs: a train_dataset needs reward functions to score it")
+        elif reward_weights is not None or pass_threshold != 1.0:
+            raise UserError("reward_weights / pass_threshold: they combine and judge reward_funcs; a registered task "
+                            "scores with its own verifier (a task file: its own keys)")
         elif task is not None:  # a registered task (a built-in, a task file) with its own verifier
             cfg = replace(cfg, task=task)
         self.config = cfg

@@ -82,6 +82,9 @@ class ESTrainer:
                                 "(or eval_tasks naming registered tasks)")
         elif train_dataset is not None or eval_dataset is not None:
             raise UserError("reward_funcs: a train_dataset needs reward functions to score it")
+        elif self.args.reward_weights is not None or self.args.pass_threshold != 1.0:
+            raise UserError(f"reward_weights / pass_threshold: they combine and judge reward_funcs; the registered task "
+                            f"{self.args.task!r} scores with its own verifier (a task file: its own keys)")
         self.result: TrainResult | None = None
         _warn_openmp(self.run_config.device)
 
