@@ -17,6 +17,7 @@ float32 and rounds each weight once (|theta| < 0.3 here, so one ulp is below 3e-
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -96,10 +97,12 @@ def user_tasks(tmp_path_factory):
         """))
     other = root / "other.jsonl"
     other.write_text("".join(json.dumps({"a": a, "b": 9, "total": a + 9}) + "\n" for a in (1, 2, 3)))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv(registry.TASKS_DIR_ENV, raising=False)
-        registry.add_tasks_dir(root / "keys-file")
-        yield root
+    env = os.environ.pop(registry.TASKS_DIR_ENV, None)  # runs below add their task directories to it
+    registry.add_tasks_dir(root / "keys-file")
+    yield root
+    os.environ.pop(registry.TASKS_DIR_ENV, None)
+    if env is not None:
+        os.environ[registry.TASKS_DIR_ENV] = env
     registry._TASKS.clear(); registry._TASKS.update(saved[0])  # noqa: E702
     registry._SOURCES.clear(); registry._SOURCES.update(saved[1])  # noqa: E702
     registry._DIRS.clear(); registry._DIRS.update(saved[2])  # noqa: E702
@@ -253,7 +256,7 @@ def test_format_reward_pays_a_formatted_wrong_answer(tmp_path, monkeypatch):
         gold: gold
         verifier: math
     """))
-    monkeypatch.delenv(registry.TASKS_DIR_ENV, raising=False)
+    monkeypatch.setenv(registry.TASKS_DIR_ENV, "")  # restored afterwards (add_tasks_dir extends it)
     registry.add_tasks_dir(d)
     try:
         run = es_run(tmp_path / "r", monkeypatch, demo_model_dir(), trainer={"reward_funcs": None},

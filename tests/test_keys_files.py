@@ -38,7 +38,15 @@ def score(text, gold):
 '''
 
 
-def test_task_file_description_and_id(clean_registry, tmp_path):
+@pytest.fixture
+def task_dir_env(monkeypatch):
+    """ESREASON_TASKS_DIR as before the test (add_tasks_dir extends it; clean_registry only unsets it)."""
+    from esreason.tasks import registry
+
+    monkeypatch.setenv(registry.TASKS_DIR_ENV, "")
+
+
+def test_task_file_description_and_id(clean_registry, task_dir_env, tmp_path):
     write_task(tmp_path, "described", """
         description: sums of two numbers, by id
         prompt: {template: "{a}+{b}"}
@@ -52,7 +60,7 @@ def test_task_file_description_and_id(clean_registry, tmp_path):
     assert [p.id for p in task.load("test")] == ["first", "second"]
 
 
-def test_task_file_reward_weights_and_pass_threshold(clean_registry, tmp_path):
+def test_task_file_reward_weights_and_pass_threshold(clean_registry, task_dir_env, tmp_path):
     (tmp_path / "rewards.py").write_text(REWARDS)
     write_task(tmp_path, "weighted", """
         prompt: {template: "{a}+{b}", chat: false}
@@ -68,7 +76,7 @@ def test_task_file_reward_weights_and_pass_threshold(clean_registry, tmp_path):
     assert right.correct and not wrong.correct  # pass_threshold 2.5, not 1.0
 
 
-def test_task_file_scorer(clean_registry, tmp_path):
+def test_task_file_scorer(clean_registry, task_dir_env, tmp_path):
     (tmp_path / "rewards.py").write_text(REWARDS)
     write_task(tmp_path, "scored", """
         prompt: {template: "{a}+{b}"}
@@ -81,7 +89,7 @@ def test_task_file_scorer(clean_registry, tmp_path):
     assert (verdict.reward, verdict.correct) == (0.25, True)
 
 
-def test_task_file_dataset_from_the_hub(clean_registry, tmp_path, monkeypatch):
+def test_task_file_dataset_from_the_hub(clean_registry, task_dir_env, tmp_path, monkeypatch):
     """``dataset: {path, name, splits}`` names what ``datasets.load_dataset`` loads for each of our splits."""
     import datasets
 

@@ -288,7 +288,7 @@ def test_format_reward_reaches_the_verifier(tmp_path, monkeypatch, tiny_model_di
         gold: gold
         verifier: math
     """))
-    monkeypatch.delenv(registry.TASKS_DIR_ENV, raising=False)
+    monkeypatch.setenv(registry.TASKS_DIR_ENV, "")  # restored afterwards (add_tasks_dir extends it)
     registry.add_tasks_dir(d)
     scorers = []
 
