@@ -50,15 +50,27 @@ FIELD_KEYS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class ESConfig:
-    """An ES run, flat (TRL's shape). Each field is the YAML key in :data:`FIELD_KEYS`; its meaning,
-    allowed values and checks are the YAML key's (docs/config.md), with the defaults below.
+    """An ES run, flat (TRL's shape). Each field stands for the YAML key beside it (:data:`FIELD_KEYS`):
+    its meaning, allowed values and checks are the key's (docs/config.md), with the defaults below, a
+    small CPU run of the embedded default. ``output_dir``, ``reward_weights`` and ``pass_threshold``
+    are the API's own. A bad value is refused at construction, naming the field.
 
     Where a TRL ``GRPOConfig`` default differs, ours fits a first CPU run of the embedded default in
     minutes: ``max_steps`` 30 (TRL: -1, epochs), ``epochs`` 2 (TRL's ``num_train_epochs`` 3: the paper's
     Easy setting), ``temperature`` 0 (TRL: 1.0; the paper's Easy ES samples greedily), ``max_new_tokens``
     64 (TRL's ``max_completion_length`` 512; the demo's answers are short), ``seed`` 0 (TRL: 42; every
     config of this project uses 0), ``output_dir`` 'runs/es-api' (TRL: 'trainer_output'), and the logging
-    defaults under their fields (``report_to``, ``logging_steps``)."""
+    defaults under their fields (``report_to``, ``logging_steps``).
+
+    Example::
+
+        from esreason import ESConfig
+
+        args = ESConfig(output_dir="runs/mine", population_size=8, sigma=1e-3, max_steps=20)
+        longer = args.replace(max_steps=40)
+        paper = ESConfig.from_yaml("configs/easy/es-qwen2.5-1.5b.yaml", output_dir="runs/easy")
+        print(paper.population_size, paper.sigma, paper.backend)  # 32 0.0015 ray
+    """
 
     # --- the API's own -----------------------------------------------------------------------
     output_dir: str = "runs/es-api"
