@@ -427,7 +427,7 @@ def test_train_grpo_command_shuts_the_process_group_down_even_when_the_run_fails
 
     monkeypatch.setattr(grpo_run, "run_grpo", failing)
     args = argparse.Namespace(config=str(DEMO_CONFIG), set=[], output=None, resume=False,
-                              no_progress=True, resume_from=None)
+                              no_progress=True, resume_from=None, accept_task_change=False)
     with pytest.raises(UserError, match="boom"):
         grpo_run._cmd_train_grpo(args)
     assert calls == ["shutdown"]
