@@ -3,8 +3,9 @@
 :class:`VLLMEngine` runs a ``vllm.LLM`` whose workers carry
 :class:`~esreason.backends.vllm_worker.ESWorkerExtension`: members are perturbed in place
 on the device (``collective_rpc("es_perturb")``), sampled with vLLM, and restored
-bit-exactly from a saved centre copy; updates are applied from ``(seeds, weights)``; the
-centre exports as an ordinary Hugging Face checkpoint.
+bit-exactly from a saved centre copy -- or, with ``backend.members: lora``, all members are sampled
+in one batch, each as a LoRA adapter (:mod:`esreason.backends.vllm_lora`); updates are applied from
+``(seeds, weights)``; the centre exports as an ordinary Hugging Face checkpoint.
 
 Directions are drawn on the GPU by its own generator, one 2**22-element block at a time,
 by the same functions the HF backend uses (:mod:`esreason.es.apply`): no host draw and no
@@ -91,7 +92,7 @@ class VLLMEngineOptions:
         from esreason.config_backend import member_mode
 
         per_gpu = getattr(cfg.backend, "engines_per_gpu", 1)  # K engines share a GPU: 1/K of the reservation each
-        members = member_mode(cfg.backend, cfg.es.perturbation) if hasattr(cfg.backend, "members") else "sequential"
+        members = member_mode(cfg.backend, cfg.es.perturbation)
         llm_kwargs: dict[str, Any] = {}
         if members == "lora":
             from esreason.backends.vllm_lora import engine_kwargs
@@ -402,10 +403,12 @@ class VLLMEvaluator:
     engine's checksum is compared with it and the engine re-loaded when they differ.
     """
 
-    def __init__(self, engine: VLLMEngine, reference: Any = None, check_every: int = 10) -> None:
+    def __init__(self, engine: VLLMEngine, reference: Any = None, check_every: int = 10,
+                 members: str | None = None) -> None:
         self.engine = engine
         self.reference = reference
         self.check_every = check_every
+        self.members = engine.options.members if members is None else members  # 'sequential' | 'lora'
         self.rebroadcasts = 0
 
     def evaluate(self, population: Any, sigma: float, prompts: Sequence[str], golds: Sequence[Any],
@@ -413,7 +416,7 @@ class VLLMEvaluator:
         t0 = time.perf_counter()
         collector = ResultCollector(len(population), golds, scorer)
         sigmas = [sign * sigma for sign in population.signs]
-        if self.engine.options.members == "lora":
+        if self.members == "lora":
             for out in self.engine.run_members(range(len(population)), population.seeds, sigmas, prompts, params):
                 collector.add(out)
         else:
@@ -455,4 +458,5 @@ def build_vllm_evaluator(cfg: Any, policy: Any) -> VLLMEvaluator:
     if engine.checksum() != reference_checksum(policy, engine.checksum_layout()):
         engine.close()
         raise RuntimeError("the vLLM engine loaded a centre that differs from the trainer's (not bit-exact)")
-    return VLLMEvaluator(engine, reference=policy, check_every=getattr(cfg.backend, "check_every", 10))
+    return VLLMEvaluator(engine, reference=policy, check_every=getattr(cfg.backend, "check_every", 10),
+                         members=options.members)
