@@ -324,12 +324,12 @@ class VLLMEngine:
                 sampling.append(self._vllm.SamplingParams(temperature=p.temperature, top_p=p.top_p,
                                                           max_tokens=p.max_new_tokens, seed=s))
                 adapters.append(request)
-        self._rpc_all("es_lora_add", [[i, int(s), float(g)] for i, s, g in zip(ids, seeds, sigmas)])
         try:
+            self._rpc_all("es_lora_add", [[i, int(s), float(g)] for i, s, g in zip(ids, seeds, sigmas)])
             t0 = time.perf_counter()
             outs = self.llm.generate(inputs, sampling, lora_request=adapters, use_tqdm=False)
             seconds = time.perf_counter() - t0
-        finally:
+        finally:  # (also after a failed add: removing an id that is not there is a no-op)
             self._rpc_all("es_lora_remove", ids)
         b = len(prompts)
         result = []
