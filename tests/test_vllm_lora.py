@@ -30,9 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from esreason.backends.vllm_lora import ADAPTER_PATH, adapter_tensors, engine_kwargs, max_lora_rank
+from esreason.backends.vllm_lora import ADAPTER_PATH, adapter_tensors, engine_kwargs, max_lora_rank, member_mode
 from esreason.config import load_config
-from esreason.config_backend import member_mode
 from esreason.errors import UserError
 from esreason.es.lowrank import LORA_MODULES, Perturbation, lowrank_direction
 
@@ -173,7 +172,7 @@ SCRIPT = textwrap.dedent('''
         from esreason.backends.engine import policy_state
         from esreason.backends.tp_checksum import reference_checksum
         from esreason.config import load_config
-        from esreason.config_backend import member_mode
+        from esreason.backends.vllm_lora import member_mode
         from esreason.es_loop.run import run_es
 
         build, close, evaluate, add = (vb.build_vllm_evaluator, vb.VLLMEvaluator.close, vb.VLLMEvaluator.evaluate,
@@ -202,6 +201,7 @@ SCRIPT = textwrap.dedent('''
             record["rewards"].append(result.rewards.tolist())
             record["responses"].append([record["texts"][i] for i in range(len(population))])
             record["rebroadcasts"] = self.rebroadcasts
+            record["members"] = self.members  # which path evaluated the population
             return result
 
         def adding(self, member):
@@ -323,6 +323,8 @@ def test_members_as_adapters_match_materialised_members(twin):
     # and the same checkpoint after 3 updates.
     ref = runs["sequential-tp1"]
     assert len(ref["rewards"]) == 3 and len({r for step in ref["rewards"] for m in step for r in m}) > 1
+    assert {name: run["members"] for name, run in runs.items()} == {  # backend.members (auto: lora) took effect
+        "lora-tp1": "lora", "sequential-tp1": "sequential", "lora-tp2": "lora"}
     for name, run in runs.items():
         assert run["rebroadcasts"] == 0, name
         same, total, agree, chars = _agreement(ref["responses"], run["responses"])

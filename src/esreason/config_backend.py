@@ -54,14 +54,6 @@ class BackendConfig:
     lora``, else sequential."""
 
 
-def member_mode(be: BackendConfig, perturbation: str) -> str:
-    """``backend.members`` resolved: 'lora' or 'sequential' (auto: lora for a vLLM engine with
-    ``es.perturbation: lora``)."""
-    if be.members != "auto":
-        return be.members
-    return "lora" if be.type == "vllm" and perturbation == "lora" else "sequential"
-
-
 def backend_rules(be: BackendConfig, device: str, perturbation: str = "full") -> list[tuple[bool, str, str]]:
     """(condition, dotted key, message) of every range and combination rule of the section
     (``perturbation``: ``es.perturbation``, which ``backend.members: lora`` needs to be 'lora')."""

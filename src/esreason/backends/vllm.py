@@ -89,14 +89,12 @@ class VLLMEngineOptions:
     @classmethod
     def from_config(cls, cfg: Any) -> "VLLMEngineOptions":
         from esreason.backends.engine_env import split_utilization
-        from esreason.config_backend import member_mode
+        from esreason.backends.vllm_lora import engine_kwargs, member_mode
 
         per_gpu = getattr(cfg.backend, "engines_per_gpu", 1)  # K engines share a GPU: 1/K of the reservation each
         members = member_mode(cfg.backend, cfg.es.perturbation)
         llm_kwargs: dict[str, Any] = {}
         if members == "lora":
-            from esreason.backends.vllm_lora import engine_kwargs
-
             llm_kwargs = engine_kwargs(cfg.es.population_size, cfg.es.rank)
         return cls(dtype=cfg.dtype, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
                    seed=cfg.train.seed, tensor_parallel_size=getattr(cfg.backend, "tensor_parallel_size", 1),

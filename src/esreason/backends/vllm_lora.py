@@ -50,6 +50,14 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ADAPTER_PATH = "esreason-member-in-memory"
 
 
+def member_mode(backend: Any, perturbation: str) -> str:
+    """``backend.members`` resolved: 'lora' or 'sequential' (auto: lora for ``backend.type: vllm`` with
+    ``es.perturbation: lora``; the config's rules refuse lora anywhere else)."""
+    if backend.members != "auto":
+        return str(backend.members)
+    return "lora" if backend.type == "vllm" and perturbation == "lora" else "sequential"
+
+
 def max_lora_rank(rank: int) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds rank ``rank`` (smaller ranks are zero-padded)."""
     for allowed in LORA_RANKS:
