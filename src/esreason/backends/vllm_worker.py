@@ -248,11 +248,11 @@ class ESWorkerExtension:
         if self._es_active is None:
             raise RuntimeError("es_restore called without es_perturb")
         seed, sigma = self._es_active
-        for slot in self._es_slots:
+        for slot in self._es_moving():  # (a tensor without a direction was never moved)
             view = self._es_view(slot)
             if self._es_restore == "exact":
                 copy_tensor(view, self._es_centre[slot.key])
-            elif slot.key not in self._es_still:
+            else:
                 subtract_tensor(view, slot.hf_name, seed, sigma, rank=self._es_ranks[slot.key], region=slot.region)
         self._es_sync()
         self._es_active = None
@@ -293,10 +293,9 @@ class ESWorkerExtension:
         from esreason.backends.vllm_lora import check_targets
         from esreason.es.lowrank import lora_module
 
-        targets = self._es_lora_targets()
-        if self._es_perturbation.kind != "lora" or any(lora_module(n, s) is None for n, s in targets):
+        if self._es_perturbation.kind != "lora":
             raise ValueError(f"members as LoRA adapters need es.perturbation=lora (got {self._es_perturbation.kind!r})")
-        return check_targets(self, [lora_module(n, s) for n, s in targets])
+        return check_targets(self, [lora_module(n, s) for n, s in self._es_lora_targets()])
 
     def es_lora_add(self, members: Sequence[Sequence[Any]]) -> None:
         """Register one adapter per (lora id, seed, sigma): member seed's low-rank directions times sigma."""

@@ -40,9 +40,8 @@ Low-rank directions (``perturbation="lowrank"``, :mod:`esreason.es.lowrank`): ev
 fused fp32 ``addmm`` per row chunk (theta_i = round(centre_fp32 + sigma * A B^T / sqrt(r_W)));
 the cache then holds the packed factors [m + n, r_W]; the update is one GEMM per row chunk.
 Exact restore, masters and ``subtract`` work unchanged. ``perturbation="lora"`` moves the linear
-projections' weights only; every other tensor is skipped by perturb, subtract and update (exact
-restore copies it back unchanged). With ``perturbation="full"``
-(the default) every code path and result is the one described above, bit for bit.
+projections' weights only; every other tensor is skipped by perturb, restore and update. With
+``perturbation="full"`` (the default) every code path and result is the one described above, bit for bit.
 """
 
 from __future__ import annotations
@@ -175,7 +174,8 @@ class CentredParameters:
         if self.restore_mode == "exact":
             source = self._centre if self._centre is not None else self._master  # masters: round(master)
             for name, p in self.params:
-                copy_tensor(p, source[name])
+                if name not in self._still:  # (a tensor without a direction was never moved)
+                    copy_tensor(p, source[name])
         else:
             seed, sigma = self._active
             for name, p in self.params:
