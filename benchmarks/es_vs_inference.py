@@ -27,9 +27,9 @@ each as a PEFT directory and letting vLLM load it (``LLMEngine.add_lora``).
 Each call runs ``--repeats`` times, the backends' calls interleaved, an update right after its inference:
 ``ratio`` is the median over repeats of the two adjacent calls' ratio (a change of the shared machine's load
 between repeats cancels), ``ratio_of_fastest`` the ratio of each call's fastest run (the workloads are
-deterministic). On a CPU a decode step costs about the same per sequence at any batch
-size (one thread, compute-bound), so one batch is not faster than N batches of B there, as it is on a GPU:
-the CPU ratios measure ES's own overhead (perturb / restore, update, adapters), not the tail.
+deterministic). On the tiny embedded default a decode step's cost is mostly per-step
+overhead, so one batch of N x B is faster than N batches of B on a CPU too (for that reason, not a GPU's
+idle lanes); figures: docs/measurements.md, "ES against plain inference on the CPU".
 Run with the vLLM interpreter (scripts/vllm-cpu-env.sh builds it), one thread per process as the tests do:
 
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/es_vs_inference.py [--population 8] [--batch 16]
@@ -229,7 +229,7 @@ def main() -> None:
         return {"ratio": _paired(up, inf), "ratio_of_fastest": round(up["s"] / inf["s"], 3),
                 "update_s": round(up["s"], 3), "inference_s": round(inf["s"], 3),
                 "update_tokens": detail["tokens"], "inference_tokens": inf["result"][0],
-                "ratio_per_token": round((up["s"] / detail["tokens"]) / (inf["s"] / inf["result"][0]), 3),
+                "ratio_per_token": round(_paired(up, inf) * inf["result"][0] / detail["tokens"], 3),
                 "evaluate_s": round(detail["evaluate_s"], 3), "update_weights_s": round(detail["update_weights_s"], 3),
                 "update_all_s": [round(x, 3) for x in up["all_s"]],
                 "inference_all_s": [round(x, 3) for x in inf["all_s"]]}
