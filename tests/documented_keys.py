@@ -148,6 +148,7 @@ EXERCISED: dict[str, tuple[str, ...]] = {
     "test_tp_config.py::test_engines_get_tensor_parallel_options_and_one_bundle_of_tp_gpus": _es(
         "backend.tensor_parallel_size", "backend.engines_per_gpu", "backend.engine"),
     "test_engines_per_gpu.py::test_vllm_options_split_the_memory_reservation": _es("backend.engines_per_gpu"),
+    "test_vllm_lora.py::test_engine_options_enable_lora_only_for_the_batched_path": _es("backend.members"),
     "test_keys_es.py::test_coverage_keys": _es("coverage.every", "coverage.prompts", "coverage.samples",
                                                "coverage.temperature"),
     "test_keys_es.py::test_wandb_keys_reach_wandb": _es(*WANDB),

@@ -133,8 +133,9 @@ def test_region_validation_and_lowrank_refusal():
     with pytest.raises(ValueError, match="does not lie"):
         Region(100, 10, (0, 10), (5, 11))
     region = Region(100, 10, (0, 10), (0, 5))
+    expert = Region(200, 10, (0, 10), (0, 5), offset=100)  # one expert's block of a stacked tensor: not a matrix
     with pytest.raises(ValueError, match="low-rank"):
-        perturb_tensor(torch.zeros(10, 5), "w", 1, 0.1, rank=1, region=region)
+        perturb_tensor(torch.zeros(10, 5), "w", 1, 0.1, rank=1, region=expert)
     with pytest.raises(ValueError, match="does not match"):
         perturb_tensor(torch.zeros(10, 4), "w", 1, 0.1, region=region)
     assert Region.whole(100).is_whole and not region.is_whole

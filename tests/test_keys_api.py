@@ -42,6 +42,7 @@ FLAT_VALUES: dict[str, tuple[object, dict]] = {
     "check_every": (5, {}), "backend_update": ("sharded", {"backend": "ray", "engines": 2}),
     "backend_engine": ("hf", {"backend": "ray"}),
     "tensor_parallel_size": (2, {"backend": "ray", "backend_engine": "vllm", "device": "cuda"}),
+    "backend_members": ("lora", {"backend": "vllm", "perturbation": "lora"}),
     "coverage_every": (1, {}), "coverage_prompts": (2, {}), "coverage_samples": (2, {}),
     "coverage_temperature": (0.5, {}),
     "wandb_project": ("p", {}), "wandb_entity": ("e", {}), "wandb_mode": ("offline", {}), "wandb_group": ("g", {}),

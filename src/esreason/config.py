@@ -63,12 +63,14 @@ class ESConfig:
     reward_control: Literal["none", "shuffle"] = "none"
     """'shuffle' permutes member rewards before shaping (a seeded control that detaches
     rewards from directions: ES should then not improve). 'none' for real training."""
-    perturbation: Literal["full", "lowrank"] = "full"
+    perturbation: Literal["full", "lowrank", "lora"] = "full"
     """full (paper): a dense Gaussian direction per tensor. lowrank: EGGROLL-style
     directions A B^T / sqrt(rank) for matrices (vectors stay dense); see docs/es.md,
-    "Low-rank perturbations"."""
+    "Low-rank perturbations". lora: the same low-rank directions on the decoder's linear
+    projections (q/k/v/o, gate/up/down) only, every other tensor stays at its start value: what a
+    vLLM engine evaluates as LoRA adapters in one batch (``backend.members``)."""
     rank: int = 1
-    """Rank r of the low-rank directions (``perturbation: lowrank`` only); clamped per matrix
+    """Rank r of the low-rank directions (``perturbation: lowrank`` or ``lora``); clamped per matrix
     to min(rows, cols), with the 1/sqrt scale of the clamped rank."""
     anchor_decay: float = 0.0
     """Anchored ES (Anchored Weight Decay, arXiv 2605.30148): lambda >= 0 with alpha * lambda < 1; after
@@ -264,7 +266,7 @@ def validate(cfg: RunConfig) -> None:
     require(es.anchor_decay >= 0, "es.anchor_decay", f"must be >= 0 (got {es.anchor_decay})")
     require(es.alpha * es.anchor_decay < 1, "es.anchor_decay", f"es.alpha * es.anchor_decay must be < 1 "
             f"(got {es.alpha} * {es.anchor_decay}): the pull toward the start weights would overshoot them")
-    for cond, key, msg in backend_rules(cfg.backend, cfg.device):
+    for cond, key, msg in backend_rules(cfg.backend, cfg.device, es.perturbation):
         require(cond, key, msg)
     cov = cfg.coverage
     require(cov.every >= 0, "coverage.every", f"must be >= 0 (got {cov.every})")

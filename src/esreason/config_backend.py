@@ -50,10 +50,17 @@ class BackendConfig:
     its shards with the directions of the unsharded run, so results do not depend on it beyond
     the forward's summation order (docs/tensor-parallel.md). ``backend.engines`` engines then hold
     ``engines x tensor_parallel_size`` GPUs."""
+    members: Literal["auto", "sequential", "lora"] = "auto"
+    """vllm: how the engine evaluates the population. sequential: one member at a time, its direction
+    added to the engine's weights in place (every ``es.perturbation``). lora: every member's requests in
+    one batch, each member a LoRA adapter built from its seed (``es.perturbation: lora`` only: vLLM's
+    multi-LoRA batching; docs/es.md, "Members as LoRA adapters"). auto: lora with ``es.perturbation:
+    lora``, else sequential."""
 
 
-def backend_rules(be: BackendConfig, device: str) -> list[tuple[bool, str, str]]:
-    """(condition, dotted key, message) of every range and combination rule of the section."""
+def backend_rules(be: BackendConfig, device: str, perturbation: str = "full") -> list[tuple[bool, str, str]]:
+    """(condition, dotted key, message) of every range and combination rule of the section
+    (``perturbation``: ``es.perturbation``, which ``backend.members: lora`` needs to be 'lora')."""
     k, vllm = be.engines_per_gpu, be.engine == "vllm" or (be.engine == "auto" and device != "cpu")
     tp = be.tensor_parallel_size
     return [
@@ -77,4 +84,9 @@ def backend_rules(be: BackendConfig, device: str) -> list[tuple[bool, str, str]]
          f"backend.engine=vllm (or auto on a GPU device); got type {be.type!r}"),
         (tp == 1 or k == 1, "backend.tensor_parallel_size",
          f"an engine of {tp} GPUs cannot share a GPU with others (backend.engines_per_gpu={k}); set one of them to 1"),
+        (be.members != "lora" or be.type == "vllm", "backend.members",
+         f"'lora' (members as LoRA adapters in one batch) needs backend.type=vllm (got type {be.type!r})"),
+        (be.members != "lora" or perturbation == "lora", "backend.members",
+         "'lora' evaluates members as LoRA adapters, which carry low-rank directions of the linear projections "
+         f"only: it needs es.perturbation=lora (got {perturbation!r})"),
     ]

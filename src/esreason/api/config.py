@@ -40,7 +40,7 @@ FIELD_KEYS: dict[str, str] = {
     "backend": "backend.type", "engines": "backend.engines", "engines_per_gpu": "backend.engines_per_gpu",
     "ray_address": "backend.ray_address", "population_batch": "backend.population_batch",
     "check_every": "backend.check_every", "backend_update": "backend.update", "backend_engine": "backend.engine",
-    "tensor_parallel_size": "backend.tensor_parallel_size",
+    "tensor_parallel_size": "backend.tensor_parallel_size", "backend_members": "backend.members",
     **{f"coverage_{k}": f"coverage.{k}" for k in ("every", "prompts", "samples", "temperature")},
     **{f"wandb_{k}": f"logging.wandb.{k}" for k in ("project", "entity", "mode", "group", "name", "table_every",
                                                      "table_rows")},
@@ -119,8 +119,8 @@ class ESConfig:
     """MiB of directions kept between evaluation and update (a speed-up; 0 = off)."""
     reward_control: Literal["none", "shuffle"] = "none"
     """'shuffle': rewards permuted before shaping (a control that should not learn)."""
-    perturbation: Literal["full", "lowrank"] = "full"
-    """full (paper) or lowrank (EGGROLL-style A B^T directions)."""
+    perturbation: Literal["full", "lowrank", "lora"] = "full"
+    """full (paper), lowrank (EGGROLL-style A B^T directions) or lora (those on the linear projections only)."""
     rank: int = 1
     """Rank of the low-rank directions."""
     anchor_decay: float = 0.0
@@ -194,6 +194,8 @@ class ESConfig:
     """ray: the engine each actor runs."""
     tensor_parallel_size: int = 1
     """GPUs per vLLM engine (tensor parallelism; docs/tensor-parallel.md)."""
+    backend_members: Literal["auto", "sequential", "lora"] = "auto"
+    """vllm: members one at a time (sequential) or as LoRA adapters in one batch (lora; es.perturbation=lora)."""
     # --- coverage ----------------------------------------------------------------------------
     coverage_every: int = 0
     """Population coverage diagnostics every this many updates (0 = off)."""

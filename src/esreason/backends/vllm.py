@@ -3,8 +3,9 @@
 :class:`VLLMEngine` runs a ``vllm.LLM`` whose workers carry
 :class:`~esreason.backends.vllm_worker.ESWorkerExtension`: members are perturbed in place
 on the device (``collective_rpc("es_perturb")``), sampled with vLLM, and restored
-bit-exactly from a saved centre copy; updates are applied from ``(seeds, weights)``; the
-centre exports as an ordinary Hugging Face checkpoint.
+bit-exactly from a saved centre copy -- or, with ``backend.members: lora``, all members are sampled
+in one batch, each as a LoRA adapter (:mod:`esreason.backends.vllm_lora`); updates are applied from
+``(seeds, weights)``; the centre exports as an ordinary Hugging Face checkpoint.
 
 Directions are drawn on the GPU by its own generator, one 2**22-element block at a time,
 by the same functions the HF backend uses (:mod:`esreason.es.apply`): no host draw and no
@@ -77,18 +78,28 @@ class VLLMEngineOptions:
     llm_kwargs: dict[str, Any] = field(default_factory=dict)
     anchor_decay: float = 0.0
     """Anchored ES's lambda (``es.anchor_decay``); > 0: the start state carries theta_0 (hf.ANCHOR_FILE)."""
+    perturbation: str = "full"
+    """The direction family (``es.perturbation``: full, lowrank or lora; :mod:`esreason.es.lowrank`)."""
+    rank: int = 1
+    """r of the low-rank directions (``es.rank``)."""
+    members: str = "sequential"
+    """How :class:`VLLMEvaluator` evaluates a population: sequential (in place, one member at a time) or lora
+    (every member an adapter, one batch: :mod:`esreason.backends.vllm_lora`; then ``llm_kwargs`` enable LoRA)."""
 
     @classmethod
     def from_config(cls, cfg: Any) -> "VLLMEngineOptions":
-        if cfg.es.perturbation != "full":
-            raise UserError(f"config key 'es.perturbation': the vLLM backend supports 'full' only "
-                            f"(got {cfg.es.perturbation!r})")
         from esreason.backends.engine_env import split_utilization
+        from esreason.backends.vllm_lora import engine_kwargs, member_mode
 
         per_gpu = getattr(cfg.backend, "engines_per_gpu", 1)  # K engines share a GPU: 1/K of the reservation each
+        members = member_mode(cfg.backend, cfg.es.perturbation)
+        llm_kwargs: dict[str, Any] = {}
+        if members == "lora":
+            llm_kwargs = engine_kwargs(cfg.es.population_size, cfg.es.rank)
         return cls(dtype=cfg.dtype, restore=cfg.es.restore, master_weights=cfg.es.master_weights,
                    seed=cfg.train.seed, tensor_parallel_size=getattr(cfg.backend, "tensor_parallel_size", 1),
-                   anchor_decay=cfg.es.anchor_decay,
+                   anchor_decay=cfg.es.anchor_decay, perturbation=cfg.es.perturbation, rank=cfg.es.rank,
+                   members=members, llm_kwargs=llm_kwargs,
                    gpu_memory_utilization=split_utilization(cls.gpu_memory_utilization, per_gpu))
 
 
@@ -205,8 +216,12 @@ class VLLMEngine:
         self.enforce_eager = bool(kwargs["enforce_eager"])
         self.llm = self._vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        ranks = self._rpc_all("es_setup", start_dir, options.restore, options.master_weights, options.anchor_decay)
+        ranks = self._rpc_all("es_setup", start_dir, options.restore, options.master_weights, options.anchor_decay,
+                              options.perturbation, options.rank)
         self.setup = {**ranks[0], "elements": sum(int(r["elements"]) for r in ranks), "ranks": len(ranks)}
+        if options.members == "lora":
+            self.setup["lora_modules"] = self._rpc("es_lora_check")
+        self._next_lora_id = 1
         layouts = self._rpc_all("es_layout")
         # None: one rank with whole, plainly stored tensors (checksums and exports need no layout)
         plain = len(layouts) == 1 and all(r is None for _, r in layouts[0]["slots"]) and all(
@@ -288,6 +303,40 @@ class VLLMEngine:
             self._rpc("es_restore")
         return MemberOutput(index, gen.texts, gen.num_tokens, seconds)
 
+    def run_members(self, indices: Sequence[int], seeds: Sequence[int], sigmas: Sequence[float],
+                    prompts: Sequence[str], params: Sequence[SamplingParams]) -> list[MemberOutput]:
+        """Members as LoRA adapters (:mod:`esreason.backends.vllm_lora`): every member's requests in one
+        ``generate`` call, member i's with its own adapter and sampling seeds (those of :meth:`run_member`).
+        ``seconds`` of each output is the call's wall time divided by the members."""
+        from esreason.backends.vllm_lora import lora_requests
+
+        if any(p.compute_entropy for p in params):
+            raise UserError("the vLLM backend does not compute token entropies; use backend.type=hf for that")
+        ids = list(range(self._next_lora_id, self._next_lora_id + len(indices)))
+        self._next_lora_id += len(indices)  # fresh ids: no request can meet a previous population's adapter
+        encoded = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        inputs, sampling, adapters = [], [], []
+        for lora, p, request in zip(ids, params, lora_requests(self._vllm, ids)):
+            for ids_p, s in zip(encoded, request_seeds(p.seed, len(prompts))):
+                inputs.append({"prompt_token_ids": ids_p})
+                sampling.append(self._vllm.SamplingParams(temperature=p.temperature, top_p=p.top_p,
+                                                          max_tokens=p.max_new_tokens, seed=s))
+                adapters.append(request)
+        try:
+            self._rpc_all("es_lora_add", [[i, int(s), float(g)] for i, s, g in zip(ids, seeds, sigmas)])
+            t0 = time.perf_counter()
+            outs = self.llm.generate(inputs, sampling, lora_request=adapters, use_tqdm=False)
+            seconds = time.perf_counter() - t0
+        finally:  # (also after a failed add: removing an id that is not there is a no-op)
+            self._rpc_all("es_lora_remove", ids)
+        b = len(prompts)
+        result = []
+        for k, index in enumerate(indices):
+            chunk = outs[k * b:(k + 1) * b]
+            gen = Generation([o.outputs[0].text for o in chunk], [list(o.outputs[0].token_ids) for o in chunk])
+            result.append(MemberOutput(index, gen.texts, gen.num_tokens, seconds / len(indices)))
+        return result
+
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
         return _norm(self._rpc_all("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha)))
 
@@ -345,24 +394,32 @@ class VLLMEngine:
 
 
 class VLLMEvaluator:
-    """``backend.type: vllm``: one in-process :class:`VLLMEngine`; members one after another.
+    """``backend.type: vllm``: one in-process :class:`VLLMEngine`; members one after another, or all in one
+    batch as LoRA adapters (``backend.members: lora``).
 
     The trainer's HF policy stays the authoritative centre; every ``check_every`` updates the
     engine's checksum is compared with it and the engine re-loaded when they differ.
     """
 
-    def __init__(self, engine: VLLMEngine, reference: Any = None, check_every: int = 10) -> None:
+    def __init__(self, engine: VLLMEngine, reference: Any = None, check_every: int = 10,
+                 members: str | None = None) -> None:
         self.engine = engine
         self.reference = reference
         self.check_every = check_every
+        self.members = engine.options.members if members is None else members  # 'sequential' | 'lora'
         self.rebroadcasts = 0
 
     def evaluate(self, population: Any, sigma: float, prompts: Sequence[str], golds: Sequence[Any],
                  scorer: Callable[[str, Any], Any], params: Sequence[SamplingParams]) -> Any:
         t0 = time.perf_counter()
         collector = ResultCollector(len(population), golds, scorer)
-        for i, (seed, sign) in enumerate(zip(population.seeds, population.signs)):
-            collector.add(self.engine.run_member(i, seed, sign * sigma, prompts, params[i]))
+        sigmas = [sign * sigma for sign in population.signs]
+        if self.members == "lora":
+            for out in self.engine.run_members(range(len(population)), population.seeds, sigmas, prompts, params):
+                collector.add(out)
+        else:
+            for i, (seed, sig) in enumerate(zip(population.seeds, sigmas)):
+                collector.add(self.engine.run_member(i, seed, sig, prompts, params[i]))
         return collector.result(time.perf_counter() - t0)
 
     def after_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> None:
@@ -399,4 +456,5 @@ def build_vllm_evaluator(cfg: Any, policy: Any) -> VLLMEvaluator:
     if engine.checksum() != reference_checksum(policy, engine.checksum_layout()):
         engine.close()
         raise RuntimeError("the vLLM engine loaded a centre that differs from the trainer's (not bit-exact)")
-    return VLLMEvaluator(engine, reference=policy, check_every=getattr(cfg.backend, "check_every", 10))
+    return VLLMEvaluator(engine, reference=policy, check_every=getattr(cfg.backend, "check_every", 10),
+                         members=options.members)

@@ -221,6 +221,11 @@ def plan_slots(hf_shapes: Mapping[str, Sequence[int]], vllm_shapes: Mapping[str,
         mine: list[Slot] = []
         for pos, name in sorted(members):
             shape = tuple(int(d) for d in hf_shapes[name])
+            if spec.kind == "experts" and spec.band[1] * spec.size != _inter(name, shape):
+                raise ValueError(f"HF blocks [{name!r}] do not fit vLLM parameter {target!r} of shape "
+                                 f"{tuple(vllm_shapes[target])}: the expert intermediate size {_inter(name, shape)} "
+                                 f"is held as intermediate size {spec.band[1]} per rank x {spec.size} ranks "
+                                 "(padded by vLLM's MoE kernel; ES cannot move rows without an HF counterpart)")
             at = mine[-1].stop if mine else 0
             if spec.kind == "replicated" or (spec.kind == "experts" and spec.band[1] == _inter(name, shape)):
                 mine.append(Slot(name, target, at, shape, None, owner=spec.kind != "replicated" or spec.rank == 0))

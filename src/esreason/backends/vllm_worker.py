@@ -65,6 +65,7 @@ from esreason.backends.tp_export import RANK_FILE, RANK_MASTER_FILE
 from esreason.backends.engine import tensors_checksum
 from esreason.backends.vllm_layout import Slot, fused_shape, module_spec, plan_slots, vllm_name  # noqa: F401
 from esreason.es.apply import copy_tensor, perturb_tensor, subtract_tensor, update_tensor
+from esreason.es.lowrank import Perturbation
 from esreason.es.noise import generator_domain
 from esreason.es.sharded import Sharding
 
@@ -82,11 +83,13 @@ class ESWorkerExtension:
     # ------------------------------------------------------------------ set-up
 
     def es_setup(self, checkpoint_dir: str, restore: str = "exact", master_weights: str = "auto",
-                 anchor_decay: float = 0.0) -> dict[str, Any]:
+                 anchor_decay: float = 0.0, perturbation: str = "full", rank: int = 1) -> dict[str, Any]:
         """Bind the ES tensors to this rank's parameters and load the checkpoint's weights (this rank's shards).
 
         anchor_decay: anchored ES's lambda (:mod:`esreason.es.anchor`); > 0 also loads this rank's part of
-        theta_0 from the checkpoint's ``ANCHOR_FILE`` into host memory. Returns where the centre copy
+        theta_0 from the checkpoint's ``ANCHOR_FILE`` into host memory. perturbation, rank: the direction
+        family (``es.perturbation``, ``es.rank``: :class:`esreason.es.lowrank.Perturbation`; each slot's
+        direction is that of its full HF tensor). Returns where the centre copy
         lives, how many elements ES moves (this rank's own, replicas counted on rank 0) and the rank's
         tensor-parallel position.
         """
@@ -94,16 +97,21 @@ class ESWorkerExtension:
 
         if restore not in ("exact", "subtract"):
             raise ValueError(f"unknown restore mode {restore!r}")
+        family = Perturbation(perturbation, int(rank))  # before ``rank`` names this worker's TP rank
         model = self.get_model()
         params = _unique_parameters(model)
         with safe_open(str(Path(checkpoint_dir) / WEIGHTS_FILE), framework="pt") as f:
             tensors = es_tensors({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
         rank, size = tp_position(model)
-        specs = {name: module_spec(mod, rank, size) for name, mod in model.named_modules()
+        specs = {es_module_name(name): module_spec(mod, rank, size) for name, mod in model.named_modules()
                  if any(True for _ in mod.parameters(recurse=False))}
         slots = plan_slots({n: t.shape for n, t in tensors.items()}, {n: tuple(p.shape) for n, p in params.items()},
                            specs)
         self._es_slots, self._es_tensors, self._es_tp = slots, tensors, (rank, size)
+        self._es_perturbation = family
+        # per slot key: r_W of a low-rank matrix (None: dense), and the slots without a direction (lora mode)
+        self._es_ranks = {sl.key: family.tensor_rank(sl.shape) for sl in slots}
+        self._es_still = {sl.key for sl in slots if not family.moves(sl.hf_name, sl.shape)}
         self._es_restore = restore
         self._es_anchor_decay = float(anchor_decay)
         self._es_active: tuple[int, float] | None = None
@@ -119,6 +127,11 @@ class ESWorkerExtension:
         owned = sum(s.region.local_numel if s.region is not None else _numel(s.shape) for s in slots if s.owner)
         return {"centre": placement, "elements": owned, "tensors": len(slots),
                 "master": self._es_master, "dtype": str(dtype), "tp_rank": rank, "tp_size": size}
+
+    def _es_moving(self) -> list[Slot]:
+        """The slots that have a direction (all of them, except outside the LoRA targets with ``lora``)."""
+        still = getattr(self, "_es_still", set())
+        return [slot for slot in self._es_slots if slot.key not in still]
 
     def _es_view(self, slot: Slot) -> torch.Tensor:
         data = self._es_params[slot.vllm_name].data
@@ -221,11 +234,11 @@ class ESWorkerExtension:
         """theta <- centre + sigma * eps(seed), computed in fp32 on the device and rounded once."""
         if self._es_active is not None:
             raise RuntimeError("es_perturb called twice without es_restore")
-        for slot in self._es_slots:
+        for slot in self._es_moving():
             # without masters the live view is the centre (bit-exact), so it is its own base
             master = self._es_centre[slot.key] if self._es_master else None
-            perturb_tensor(self._es_view(slot), slot.hf_name, int(seed), float(sigma), master=master,
-                           region=slot.region)
+            perturb_tensor(self._es_view(slot), slot.hf_name, int(seed), float(sigma), rank=self._es_ranks[slot.key],
+                           master=master, region=slot.region)
         self._es_sync()
         self._es_active = (int(seed), float(sigma))
 
@@ -235,12 +248,12 @@ class ESWorkerExtension:
         if self._es_active is None:
             raise RuntimeError("es_restore called without es_perturb")
         seed, sigma = self._es_active
-        for slot in self._es_slots:
+        for slot in self._es_moving():  # (a tensor without a direction was never moved)
             view = self._es_view(slot)
             if self._es_restore == "exact":
                 copy_tensor(view, self._es_centre[slot.key])
             else:
-                subtract_tensor(view, slot.hf_name, seed, sigma, region=slot.region)
+                subtract_tensor(view, slot.hf_name, seed, sigma, rank=self._es_ranks[slot.key], region=slot.region)
         self._es_sync()
         self._es_active = None
 
@@ -253,10 +266,10 @@ class ESWorkerExtension:
         if self._es_active is not None:
             raise RuntimeError("es_update while a member is applied")
         sq = None  # float64 scalar on the device: one host sync per update, not one per tensor
-        for slot in self._es_slots:
+        for slot in self._es_moving():
             centre = None if self._es_centre is None else self._es_centre[slot.key]
             anchor = None if self._es_anchor is None else self._es_anchor[slot.key]
-            part = update_tensor(self._es_view(slot), slot.hf_name, seeds, weights, alpha,
+            part = update_tensor(self._es_view(slot), slot.hf_name, seeds, weights, alpha, rank=self._es_ranks[slot.key],
                                  master=centre if self._es_master else None,
                                  centre=None if self._es_master else centre, sharding=sharding, region=slot.region,
                                  anchor=anchor, anchor_decay=self._es_anchor_decay)
@@ -264,6 +277,40 @@ class ESWorkerExtension:
                 sq = part if sq is None else sq + part
         self._es_sync()
         return 0.0 if sq is None else float(sq) ** 0.5
+
+    # ------------------------------------------------------------------ members as LoRA adapters
+
+    def _es_lora_targets(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(HF name, full shape) of every tensor with a direction, once each (``lora`` mode: LoRA targets only)."""
+        seen: dict[str, tuple[int, ...]] = {}
+        for slot in self._es_moving():
+            seen.setdefault(slot.hf_name, tuple(slot.shape))
+        return sorted(seen.items())
+
+    def es_lora_check(self) -> int:
+        """ValueError unless vLLM wraps every weight ES moves in a LoRA layer (:mod:`esreason.backends.vllm_lora`);
+        returns the count of LoRA-wrapped modules."""
+        from esreason.backends.vllm_lora import check_targets
+        from esreason.es.lowrank import lora_module
+
+        if self._es_perturbation.kind != "lora":
+            raise ValueError(f"members as LoRA adapters need es.perturbation=lora (got {self._es_perturbation.kind!r})")
+        return check_targets(self, [lora_module(n, s) for n, s in self._es_lora_targets()])
+
+    def es_lora_add(self, members: Sequence[Sequence[Any]]) -> None:
+        """Register one adapter per (lora id, seed, sigma): member seed's low-rank directions times sigma."""
+        from esreason.backends.vllm_lora import register_adapters
+
+        if self._es_active is not None:
+            raise RuntimeError("es_lora_add while a member is applied in place")
+        register_adapters(self, [(int(i), int(s), float(g)) for i, s, g in members], self._es_lora_targets(),
+                          self._es_perturbation.rank)
+
+    def es_lora_remove(self, ids: Sequence[int]) -> None:
+        """Drop the adapters of :meth:`es_lora_add`."""
+        from esreason.backends.vllm_lora import remove_adapters
+
+        remove_adapters(self, ids)
 
     def es_join_group(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float) -> None:
         """Join the pool's process group for the sharded update (:mod:`esreason.backends.collective`).
@@ -385,7 +432,7 @@ def _plain_cpu_experts(model: torch.nn.Module, params: dict[str, torch.nn.Parame
         for leaf in ("w13_weight", "w2_weight"):
             packed = getattr(mod, leaf)
             plain = torch.zeros_like(packed.data)  # filled from the checkpoint by _es_load
-            params[f"{name}.{leaf}"] = torch.nn.Parameter(plain, requires_grad=False)
+            params[es_module_name(f"{name}.{leaf}")] = torch.nn.Parameter(plain, requires_grad=False)
             out.append((plain, packed.data, str(isa)))
     return out
 
@@ -397,9 +444,16 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
+def es_module_name(name: str) -> str:
+    """A vLLM module or parameter name without the ``base_layer`` level that vLLM's LoRA wrappers insert
+    (``...qkv_proj.base_layer.weight`` -> ``...qkv_proj.weight``): the name the layout maps HF tensors to."""
+    return name.replace(".base_layer.", ".").removesuffix(".base_layer")
+
+
 def _unique_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """Named parameters, each shared tensor once under its first name (tied embeddings)."""
-    return dict(model.named_parameters())
+    """Named parameters (LoRA wrappers' ``base_layer`` level removed), each shared tensor once under its
+    first name (tied embeddings)."""
+    return {es_module_name(n): p for n, p in model.named_parameters()}
 
 
 def _unpack_cpu_linears(model: torch.nn.Module, slots: Sequence[Slot]) -> int:
@@ -408,11 +462,11 @@ def _unpack_cpu_linears(model: torch.nn.Module, slots: Sequence[Slot]) -> int:
     re-allocating dropped weights (filled from the checkpoint afterwards). Returns the count."""
     count = 0
     for name, mod in model.named_modules():
-        if not hasattr(mod, "cpu_linear"):
-            continue
+        if not hasattr(mod, "cpu_linear") or "base_layer" in mod._modules:
+            continue  # (a LoRA wrapper forwards attribute reads to its base layer, which is rerouted itself)
         weight = getattr(mod, "weight", None)
         if isinstance(weight, torch.nn.Parameter) and weight.numel() == 0:
-            shape = fused_shape(slots, f"{name}.weight")
+            shape = fused_shape(slots, f"{es_module_name(name)}.weight")
             mod.weight = torch.nn.Parameter(torch.zeros(shape, dtype=weight.dtype), requires_grad=False)
         bias = getattr(mod, "bias", None)
         if isinstance(bias, torch.nn.Parameter) and weight is not None and bias.dtype != weight.dtype:

@@ -26,7 +26,10 @@ once per operation). Without masters the model-dtype tensor is its own centre ba
 Shards: with ``region`` (:class:`~esreason.es.region.Region`) ``p`` is a tensor-parallel shard of
 the full tensor ``name``; its pieces are its parts of the full tensor's noise blocks and it gets
 exactly the full tensor's direction elements, so every operation on a shard equals the same
-operation on the full tensor, sliced, bit for bit (elementwise arithmetic). Dense directions only.
+operation on the full tensor, sliced, bit for bit (elementwise arithmetic). A low-rank matrix's shard
+(rows [i0, i1), columns [j0, j1)) is perturbed with A[i0:i1] B[j0:j1]^T (a GEMM of other shapes: its
+member weights may round differently from the unsharded ones, as LoRA kernels do) and updated with
+slices of the unsharded update's own GEMMs (:func:`esreason.es.lowrank.region_chunks`: the same bits).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import torch
 
 from esreason.es.anchor import anchor_factor, pull_toward
 from esreason.es.cache import DirectionCache
-from esreason.es.lowrank import cached_factors, row_chunks, stacked_factors
+from esreason.es.lowrank import cached_factors, region_chunks, region_matrix, row_chunks, stacked_factors
 from esreason.es.noise import block_spans
 from esreason.es.region import Region
 from esreason.es.sharded import Sharding, sharded_update_pieces
@@ -62,7 +65,7 @@ def _local_region(p: torch.Tensor, rank: int | None, region: Region | None) -> R
     if region is None or region.is_whole:
         return None
     if rank is not None:
-        raise ValueError("low-rank directions are not defined on tensor-parallel shards (es.perturbation=full)")
+        region_matrix(region)  # ValueError unless the shard is part of a 2-D matrix
     if p.numel() != region.local_numel:
         raise ValueError(f"shard of {p.numel()} elements does not match its region of {region.local_numel}")
     return region
@@ -77,7 +80,7 @@ def noise_pieces(p: torch.Tensor, name: str, seed: int, scale: float, rank: int 
     (A rows [r, r_W], B [n, r_W], alpha) for ``addmm``, with eps None.
     """
     region = _local_region(p, rank, region)
-    if region is not None:
+    if region is not None and rank is None:
         for b, size, lo, hi in region.pieces():
             yield lo, hi, region.take(block_direction(seed, name, b, size, p.device, cache), b, lo, hi), ()
         return
@@ -85,12 +88,15 @@ def noise_pieces(p: torch.Tensor, name: str, seed: int, scale: float, rank: int 
         for b, start, stop in block_spans(p.numel()):
             yield start, stop, block_direction(seed, name, b, stop - start, p.device, cache), ()
         return
-    m, n = int(p.shape[0]), int(p.shape[1])
+    m, n = (int(p.shape[0]), int(p.shape[1])) if region is None else region_matrix(region)
     packed = cached_factors(seed, name, (m, n), rank, p.device, cache)  # [m+n, r_W] fp32
     a, b = packed[:m], packed[m:]
+    if region is not None:  # this shard's rows of A and columns' rows of B
+        a, b = a[region.rows[0]:region.rows[1]], b[region.cols[0]:region.cols[1]]
+    rows, width = a.shape[0], b.shape[0]
     alpha = scale / math.sqrt(packed.shape[1])
-    for r0, r1 in row_chunks(m, n):
-        yield r0 * n, r1 * n, None, (a[r0:r1], b.t(), alpha, n)
+    for r0, r1 in row_chunks(rows, width):
+        yield r0 * width, r1 * width, None, (a[r0:r1], b.t(), alpha, width)
 
 
 def _plus_noise(base: torch.Tensor, eps: torch.Tensor | None, lowrank: tuple, scale: float) -> torch.Tensor:
@@ -173,7 +179,7 @@ def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Se
                    rank: int | None, cache: DirectionCache | None, device: torch.device,
                    region: Region | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
     """(start, stop, delta piece fp32 [stop - start] on ``device``) of alpha/N sum_i w_i E_i over the flattened ``p``."""
-    if region is not None:
+    if region is not None and rank is None:
         for b, size, lo, hi in region.pieces():
             yield lo, hi, update_block(name, b, size, seeds, weights, alpha, device=device, cache=cache,
                                        piece=(region, lo, hi))
@@ -181,6 +187,9 @@ def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Se
     if rank is None:
         for b, start, stop in block_spans(p.numel()):
             yield start, stop, update_block(name, b, stop - start, seeds, weights, alpha, device=device, cache=cache)
+        return
+    if region is not None:
+        yield from _region_update_pieces(name, seeds, weights, alpha, rank, cache, device, region)
         return
     m, n = int(p.shape[0]), int(p.shape[1])
     stacked = stacked_factors(name, (m, n), seeds, weights, rank, cache, device=device)
@@ -191,6 +200,22 @@ def _update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weights: Se
             left, right = stacked  # [m, K r], [n, K r]
             delta = torch.mm(left[r0:r1], right.t()).mul_(alpha / len(seeds)).view(-1)  # [rows*n] fp32
         yield r0 * n, r1 * n, delta
+
+
+def _region_update_pieces(name: str, seeds: Sequence[int], weights: Sequence[float], alpha: float, rank: int,
+                          cache: DirectionCache | None, device: torch.device,
+                          region: Region) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """:func:`_update_pieces` of a low-rank matrix's shard: slices of the unsharded row chunks' GEMMs."""
+    m, n = region_matrix(region)
+    stacked = stacked_factors(name, (m, n), seeds, weights, rank, cache, device=device)
+    c0, c1 = region.cols
+    for lo, hi, r0, r1, i0, i1 in region_chunks(region):
+        if stacked is None:
+            yield lo, hi, torch.zeros(hi - lo, dtype=_F32, device=device)
+            continue
+        left, right = stacked  # [m, K r], [n, K r]
+        full = torch.mm(left[r0:r1], right.t()).mul_(alpha / len(seeds))  # [r1 - r0, n] fp32: the unsharded piece
+        yield lo, hi, full[i0 - r0:i1 - r0, c0:c1].reshape(-1)  # [(i1 - i0) * cols] fp32
 
 
 @torch.no_grad()

@@ -11,6 +11,14 @@ so every element of E_i has mean 0 and variance 1, like the dense direction of
 Tensors that are not matrices (norm gains, biases, scalars, and any tensor with
 ndim != 2) keep the dense Gaussian direction of :func:`esreason.es.noise.direction`.
 
+``es.perturbation: lora`` (our restriction, for engines that evaluate members as LoRA adapters:
+:mod:`esreason.backends.vllm_lora`): the same low-rank directions, on the weights of the decoder's
+linear projections only (:data:`LORA_MODULES`: the modules a LoRA adapter targets); every other
+tensor -- embedding, LM head, norms, biases, stacked experts, routers -- has no direction: members
+leave it at the centre and updates never move it (:meth:`Perturbation.moves`). vLLM's multi-LoRA
+batching can add x B A^T per member to exactly those layers and to nothing that a dense direction
+would need (a norm gain or bias perturbation is not a low-rank change of any matrix).
+
 Determinism (same contract as the dense directions, :mod:`esreason.es.noise`): the factors
 of (seed, tensor name) are one float32 draw ``F = randn(m + n, r_W)`` on the weights'
 device from its own generator seeded with ``tensor_seed(seed, name)``; ``A = F[:m]`` and
@@ -46,9 +54,23 @@ import torch
 from esreason.errors import UserError
 from esreason.es.cache import FACTORS, DirectionCache
 from esreason.es.noise import BLOCK_ELEMENTS, device_generator, direction, tensor_seed
+from esreason.es.region import Region
 
 #: Allowed values of ``es.perturbation``.
-PERTURBATIONS = ("full", "lowrank")
+PERTURBATIONS = ("full", "lowrank", "lora")
+#: Linear projections (HF module names) whose 2-D ``weight`` ``perturbation: lora`` moves: the attention
+#: and MLP projections of Llama / Qwen / Mistral decoders (and of a MoE layer's shared expert).
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_module(name: str, shape: torch.Size | tuple[int, ...]) -> str | None:
+    """The module of tensor ``name`` (``name`` without ``.weight``) when it is the 2-D weight of one of
+    :data:`LORA_MODULES`, else None."""
+    module, _, leaf = name.rpartition(".")
+    if leaf != "weight" or len(shape) != 2 or module.rpartition(".")[2] not in LORA_MODULES:
+        return None
+    return module
+
 
 def tensor_rank(shape: torch.Size | tuple[int, ...], rank: int) -> int:
     """r_W = min(rank, m, n) for a matrix shape [m, n] (the per-tensor clamp)."""
@@ -84,6 +106,30 @@ def row_chunks(m: int, n: int) -> Iterator[tuple[int, int]]:
     step = max(1, BLOCK_ELEMENTS // max(1, n))
     for r0 in range(0, m, step):
         yield r0, min(m, r0 + step)
+
+
+def region_matrix(region: Region) -> tuple[int, int]:
+    """(m, n) of the 2-D matrix a tensor-parallel shard ``region`` is part of (ValueError for any other
+    region: an expert's block of a stacked tensor is not a low-rank-perturbed matrix)."""
+    if region.offset != 0 or region.numel % region.width:
+        raise ValueError(f"low-rank directions need a shard of a 2-D matrix (got {region})")
+    return region.numel // region.width, region.width
+
+
+def region_chunks(region: Region) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """Pieces of a shard for the low-rank *update*: (local start, local stop, r0, r1, i0, i1) per row chunk
+    [r0, r1) of the full matrix (:func:`row_chunks`) that holds shard rows [i0, i1).
+
+    The shard's delta is the slice [i0 - r0 : i1 - r0, cols] of the full chunk's GEMM -- the very call the
+    unsharded update makes, with the same operands -- so a shard gets the unsharded update's bits (a GEMM
+    of other shapes may sum its inner dimension in another order); a band of columns computes whole
+    chunks for its slice (the GEMM's cost, r (m + n) draws stay the same)."""
+    m, n = region_matrix(region)
+    (lo_row, hi_row), width = region.rows, region.local_cols
+    for r0, r1 in row_chunks(m, n):
+        i0, i1 = max(r0, lo_row), min(r1, hi_row)
+        if i1 > i0:
+            yield (i0 - lo_row) * width, (i1 - lo_row) * width, r0, r1, i0, i1
 
 
 def lowrank_direction(seed: int, name: str, shape: torch.Size | tuple[int, ...], rank: int, *,
@@ -148,6 +194,7 @@ class Perturbation:
 
     ``tensor_rank(shape)`` is None where the tensor gets a dense Gaussian direction
     (``full`` mode, or a non-matrix tensor in ``lowrank`` mode) and r_W otherwise.
+    ``moves(name, shape)`` is False for the tensors ``lora`` mode leaves alone (no direction at all).
     """
 
     kind: str = "full"
@@ -162,13 +209,20 @@ class Perturbation:
 
     def tensor_rank(self, shape: torch.Size | tuple[int, ...]) -> int | None:
         """r_W for a low-rank-perturbed matrix, None for a dense direction."""
-        if self.kind != "lowrank" or len(shape) != 2:
+        if self.kind == "full" or len(shape) != 2:
             return None
         return tensor_rank(shape, self.rank)
 
+    def moves(self, name: str, shape: torch.Size | tuple[int, ...]) -> bool:
+        """Whether tensor ``name`` has a direction (every tensor, except outside the LoRA targets in ``lora`` mode)."""
+        return self.kind != "lora" or lora_module(name, shape) is not None
+
     def direction(self, seed: int, name: str, shape: torch.Size | tuple[int, ...], *,
                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The materialised member direction of this family (dense eps or A B^T / sqrt(r_W))."""
+        """The materialised member direction of this family (dense eps, A B^T / sqrt(r_W), or zeros for
+        a tensor that does not move)."""
+        if not self.moves(name, shape):
+            return torch.zeros(tuple(shape), dtype=dtype, device=device)
         if self.tensor_rank(shape) is None:
             return direction(seed, name, shape, device=device, dtype=dtype)
         return lowrank_direction(seed, name, shape, self.rank, device=device, dtype=dtype)

@@ -39,8 +39,9 @@ Low-rank directions (``perturbation="lowrank"``, :mod:`esreason.es.lowrank`): ev
 2-D tensor W is perturbed by E = A B^T / sqrt(r_W) instead of a dense eps, as one
 fused fp32 ``addmm`` per row chunk (theta_i = round(centre_fp32 + sigma * A B^T / sqrt(r_W)));
 the cache then holds the packed factors [m + n, r_W]; the update is one GEMM per row chunk.
-Exact restore, masters and ``subtract`` work unchanged. With ``perturbation="full"``
-(the default) every code path and result is the one described above, bit for bit.
+Exact restore, masters and ``subtract`` work unchanged. ``perturbation="lora"`` moves the linear
+projections' weights only; every other tensor is skipped by perturb, restore and update. With
+``perturbation="full"`` (the default) every code path and result is the one described above, bit for bit.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class CentredParameters:
         self.perturbation = Perturbation(perturbation, rank)  # UserError naming es.perturbation / es.rank
         # r_W per tensor name for low-rank-perturbed matrices; None = dense direction
         self._ranks: dict[str, int | None] = {n: self.perturbation.tensor_rank(p.shape) for n, p in self.params}
+        # tensors without a direction (``perturbation="lora"``: all but the linear projections' weights)
+        self._still = {n for n, p in self.params if not self.perturbation.moves(n, p.shape)}
         self.restore_mode = restore
         self.master = master
         self.timings: dict[str, float] = defaultdict(float)
@@ -155,6 +158,8 @@ class CentredParameters:
                                "members are evaluated on the engines")
         t0 = time.perf_counter()
         for name, p in self.params:
+            if name in self._still:
+                continue
             master = None if self._master is None else self._master[name]
             perturb_tensor(p, name, int(seed), sigma, rank=self._ranks[name], master=master, cache=self.cache)
         self._active = (int(seed), sigma)
@@ -169,10 +174,13 @@ class CentredParameters:
         if self.restore_mode == "exact":
             source = self._centre if self._centre is not None else self._master  # masters: round(master)
             for name, p in self.params:
-                copy_tensor(p, source[name])
+                if name not in self._still:  # (a tensor without a direction was never moved)
+                    copy_tensor(p, source[name])
         else:
             seed, sigma = self._active
             for name, p in self.params:
+                if name in self._still:
+                    continue
                 subtract_tensor(p, name, seed, sigma, rank=self._ranks[name], cache=self.cache)
         self._active = None
         self.timings["restore"] += time.perf_counter() - t0
@@ -199,6 +207,8 @@ class CentredParameters:
         t0 = time.perf_counter()
         sq: torch.Tensor | None = None  # float64 scalar per device, summed in tensor order
         for name, p in self.params:
+            if name in self._still:
+                continue
             part = update_tensor(p, name, seeds, weights, alpha, rank=self._ranks[name],
                                  master=None if self._master is None else self._master[name],
                                  centre=None if self._centre is None else self._centre[name], cache=self.cache,

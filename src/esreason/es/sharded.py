@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from esreason.es.cache import DirectionCache
-from esreason.es.lowrank import row_chunks, stacked_factors
+from esreason.es.lowrank import region_chunks, region_matrix, row_chunks, stacked_factors
 from esreason.es.noise import block_spans
 from esreason.es.region import Region
 from esreason.es.update import weighted_block_sum
@@ -139,13 +139,16 @@ def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weig
     if len(seeds) != len(weights):
         raise ValueError(f"{len(seeds)} seeds but {len(weights)} weights")
     device = p.device if device is None else torch.device(device)
-    if region is not None:
+    if region is not None and rank is None:
         spans = [(lo, hi, (b, size, lo, hi)) for b, size, lo, hi in region.pieces()]
     elif rank is None:
         spans = [(start, stop, b) for b, start, stop in block_spans(p.numel())]
+    elif region is not None:  # a low-rank matrix's shard: slices of the unsharded chunks (lowrank.region_chunks)
+        m, n = region_matrix(region)
+        spans = [(lo, hi, (r0, r1, i0, i1)) for lo, hi, r0, r1, i0, i1 in region_chunks(region)]
     else:
         m, n = int(p.shape[0]), int(p.shape[1])
-        spans = [(r0 * n, r1 * n, (r0, r1)) for r0, r1 in row_chunks(m, n)]
+        spans = [(r0 * n, r1 * n, (r0, r1, r0, r1)) for r0, r1 in row_chunks(m, n)]
     shift = fixed_point_shift(weights)
     if shift is None:  # every weight 0: every engine knows it, so none enters a collective
         for start, stop, _ in spans:
@@ -157,7 +160,7 @@ def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weig
 
     def scaled_partial(k: int, where: Any, size: int) -> torch.Tensor | None:
         """Shard k's piece of sum_i (w_i 2**s) E_i: [size] fp32 (None: a low-rank shard with no weight)."""
-        if region is not None:  # where = (block, its size, local start, local stop)
+        if region is not None and rank is None:  # where = (block, its size, local start, local stop)
             return weighted_block_sum(name, where[0], where[1], *shards[k], device=device, cache=cache,
                                       piece=(region, where[2], where[3]))
         if rank is None:
@@ -165,7 +168,11 @@ def sharded_update_pieces(p: torch.Tensor, name: str, seeds: Sequence[int], weig
         if factors[k] is None:
             return None
         left, right = factors[k]
-        return torch.mm(left[where[0]:where[1]], right.t()).view(-1)  # [rows*n] fp32
+        r0, r1, i0, i1 = where  # full chunk [r0, r1), of which rows [i0, i1) are here
+        full = torch.mm(left[r0:r1], right.t())  # [r1 - r0, n] fp32
+        if region is None:
+            return full.view(-1)  # [rows*n]
+        return full[i0 - r0:i1 - r0, region.cols[0]:region.cols[1]].reshape(-1)  # [(i1 - i0) * cols]
 
     for start, stop, where in spans:
         total: torch.Tensor | None = None  # [piece] int64; the first shard's sum is used in place
