@@ -148,12 +148,12 @@ def check_grpo_fits(cfg: Any, processes: int, sharding: Sharding, gpu: tuple[str
     from esreason.experiments import memplan
 
     name, gib = gpu
-    v = memplan.verdict(memplan.grpo_roles(cfg, processes, sharding, gib), gib)
+    v = memplan.grpo_verdict(cfg, processes, sharding, gib)
     if not v["fits"]:
         raise UserError(f"GRPO for {cfg.model} does not fit {processes} x {name} under {sharding.upper()}: one "
-                        f"training process needs {v['total_gib']:.1f} GiB of {gib:.1f} (largest term {v['term']} "
-                        f"{v['term_gib']:.1f} GiB; change {v['key']}); `esreason experiment plan` shows every term, "
-                        f"{FORCE_ENV}=1 starts it anyway")
+                        f"{v['role']} needs {v['total_gib']:.1f} GiB of {gib:.1f} (largest term {v['term']} "
+                        f"{v['term_gib']:.1f} GiB); would change it: {memplan.advice_text(v['advice'])}; "
+                        f"`esreason experiment plan` shows every term, {FORCE_ENV}=1 starts it anyway")
 
 
 def _fit_gpu() -> tuple[str, float]:
