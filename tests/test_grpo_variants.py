@@ -90,6 +90,24 @@ def test_reference_dtype_reaches_trls_reference_model(base_setup, tmp_path):
     assert trainer.ref_model is None  # beta 0: no reference at all
 
 
+def test_the_memory_plans_reference_term_is_the_reference_trl_builds(base_setup, tmp_path):
+    """The plan's reference term (a replica: DDP or one process) is the bytes of TRL's own reference model: in
+    the policy's dtype by default, in grpo.reference_dtype when set, and nothing at beta 0."""
+    from esreason.experiments.memplan import reference_dtype
+    from esreason.experiments.memtrace import trace_grpo_microstep
+    from esreason.io.architectures import architecture
+
+    arch = architecture(base_setup[0][0].split("=", 1)[1])  # the tiny model's config.json
+    for i, over in enumerate((["grpo.beta=0.001"], ["grpo.beta=0.001", "grpo.reference_dtype=bfloat16"],
+                              ["grpo.beta=0"])):
+        trainer, cfg = make_trainer(base_setup, over, tmp_path / str(i))
+        held = 0 if trainer.ref_model is None else sum(p.nbytes for p in trainer.ref_model.parameters())
+        traced = trace_grpo_microstep(arch, micro_batch=2, prompt_len=8, completion_len=8, autocast=None,
+                                      beta=cfg.grpo.beta, reference_dtype=reference_dtype(cfg), extrapolate=False)
+        assert traced.reference == held, over
+    assert held == 0  # beta 0: TRL builds none, the plan holds none
+
+
 def test_soft_overlong_punishment_is_trls_with_the_share_of_the_limit():
     """DAPO Eq. 13 at L_max = 20 and a 0.25 share (L_cache = 5): 0 up to 15 tokens, then linear to -1 at 20."""
     from esreason.grpo.reward import overlong_reward, reward_functions

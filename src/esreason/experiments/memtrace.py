@@ -167,9 +167,16 @@ def _linear(trace_at: Any, layers: int, first: int = 1) -> Trace:
     move every layer adds the same, and the third trace checks it (tests/test_memtrace.py compares with direct
     traces)."""
     fields = list(Trace.__dataclass_fields__)
+    seen: dict[int, Trace] = {}
+
+    def at(k: int) -> Trace:
+        if k not in seen:
+            seen[k] = trace_at(k)
+        return seen[k]
+
     n = first
     while n + 2 < layers:
-        a, b, c = trace_at(n), trace_at(n + 1), trace_at(n + 2)
+        a, b, c = at(n), at(n + 1), at(n + 2)
         if all(getattr(b, f) - getattr(a, f) == getattr(c, f) - getattr(b, f) for f in fields):
             return Trace(*(getattr(a, f) + (getattr(b, f) - getattr(a, f)) * (layers - n) for f in fields))
         n += 1

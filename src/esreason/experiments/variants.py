@@ -1,15 +1,15 @@
 """GRPO variants as methods of an experiment, and the budget an experiment matches on.
 
 An experiment lists a variant among its methods by name. A preset (:data:`esreason.grpo.variants.PRESETS`:
-``dr_grpo``, ``dapo``, ``bnpo``, ``gspo``) needs nothing else; the ``variants`` mapping defines new
-ones or sets a preset's label, settings and family membership::
+``dr_grpo``, ``dapo``, ``bnpo``, ``gspo``, ``cispo``, ``sapo``, ``luspo``, ``vespo``) needs nothing else; the
+``variants`` mapping defines new ones or sets a preset's label, settings and family membership::
 
-    methods: [base, es, grpo, dr_grpo, dapo, gspo4]
+    methods: [base, es, grpo, dr_grpo, dapo, gspo2]
     variants:
-      gspo4:                                 # a new method name
+      gspo2:                                 # a new method name
         preset: gspo                         # optional: start from a preset's overlay
-        label: "GSPO (4 optimizer steps)"    # the report's row label (default: the preset's, else the name)
-        config: {grpo: {mini_batch_size: 4}} # overlay of configs.grpo, applied after the preset's
+        label: "GSPO (2 optimizer steps)"    # the report's row label (default: the preset's, else the name)
+        config: {grpo: {mini_batches: 2}}    # overlay of configs.grpo, applied after the preset's
         family: true                         # its claims against ES join the report's family (Holm)
       dapo: {family: true}
     match: flops                             # or rollouts, compute
@@ -144,8 +144,8 @@ def _grpo_config(mapping: Mapping[str, Any], model: str, task: str, updates: int
 
 def resolve_methods(methods: Sequence[Any], defs: Mapping[str, VariantDef], grpo_mapping: Mapping[str, Any] | None,
                     es_cfg: Any, model: str, task: str, updates: int, match: str) -> list[Any]:
-    """``methods`` (MethodSpecs) with every variant's GRPO config and, under ``match: rollouts``, every GRPO
-    method's own update count (``MethodSpec.config`` / ``updates``; None keeps the experiment's)."""
+    """``methods`` (MethodSpecs) with every variant's GRPO config and, under ``match: rollouts | compute``,
+    every GRPO method's own update count (``MethodSpec.config`` / ``updates``; None keeps the experiment's)."""
     trained_grpo = [m for m in methods if m.kind == "grpo"]
     if match in ("rollouts", "compute"):
         comps = [m.name for m in methods if m.kind in COMPOSITIONS]
