@@ -297,7 +297,7 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (None, ctx.gpu["memory_gib"]))[1]
     sharding = memplan.pick_sharding(cfg, procs, gib) if procs > 1 and _on_gpu(cfg) else \
         choose_sharding(ctx.params, cfg.dtype, g.beta, mem_bytes, share) if procs > 1 else "ddp"
-    state = training_state_bytes(ctx.params, cfg.dtype, g.beta) / GIB
+    state = training_state_bytes(ctx.params, cfg.dtype, g.beta, memplan.reference_dtype(cfg)) / GIB
     per_gpu = state / procs if sharding == "fsdp" else state
     if procs > 1:
         layout = f"accelerate launch, {procs} processes ({sharding.upper()}), 1 GPU each" + (
