@@ -1,7 +1,9 @@
-"""LICENSE holds the licence pyproject.toml declares; CITATION.cff is valid CFF 1.2.0 YAML naming the paper.
+"""LICENSE holds the licence pyproject.toml declares; CITATION.cff is CFF 1.2.0 whose preferred citation is
+the paper (GitHub's "Cite this repository" then offers the paper first), with the software entry beside it.
 
-The paper's title, authors and code link are those of the paper this project implements; it gives no
-arXiv identifier and no year, so the citation carries none.
+The paper's title, authors and code link are those of the paper this project implements. It carries no
+arXiv identifier and no date; it cites work of 2026 and is cited as 2026. `.ci/run` validates the file
+against the CFF schema with `cffconvert --validate`.
 """
 
 from __future__ import annotations
@@ -63,3 +65,25 @@ def test_citation_names_the_paper():
     assert paper.get("type"), "a CFF reference needs a type"
     names = [f"{a['given-names']} {a['family-names']}" for a in paper["authors"]]
     assert names == PAPER_AUTHORS
+
+
+def test_the_preferred_citation_is_the_paper_with_year_and_address():
+    cff = _citation()
+    paper = cff.get("preferred-citation")
+    assert paper, "CITATION.cff: no preferred-citation (GitHub would offer only the software)"
+    assert paper["title"] == PAPER_TITLE
+    assert [f"{a['given-names']} {a['family-names']}" for a in paper["authors"]] == PAPER_AUTHORS
+    assert paper["year"] == 2026
+    assert paper["url"] == paper["repository-code"] == "https://github.com/yunpengba7/understanding-es"
+
+
+def test_the_software_entry_is_dated_and_true_to_the_status():
+    cff = _citation()
+    released = str(cff["date-released"])
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert f"## [{cff['version']}] - {released}" in changelog, "date-released is the changelog's release date"
+    abstract = " ".join(cff["abstract"].split())
+    # The paper's multi-GPU layout has not run with this software (README, "Status"): the abstract must
+    # not say the software runs on a GPU cluster.
+    assert "cluster of GPU nodes" not in abstract
+    assert "have not yet been run" in abstract

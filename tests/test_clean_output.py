@@ -226,3 +226,23 @@ def test_suite_fails_on_a_deprecation_from_our_code(tmp_path):
     assert "FAILED test_triggers.py::test_our_future_warning - FutureWarning: old API" in out, out
     assert "PASSED test_triggers.py::test_library_deprecation" in out, out
     assert "PASSED test_triggers.py::test_lookalike_module" in out, out
+
+
+# --------------------------------------------------------------------------- a reader that leaves
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    """`esreason tasks | grep -q x`: the reader leaves before the output is written. The command stops with
+    SIGPIPE's status (141, as `ls | head` does) and no traceback. The pipe's read end is closed before the
+    command starts, so its first write fails whatever the timing."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "esreason.cli", "tasks"], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=300, cwd=tmp_path)
+    finally:
+        os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr

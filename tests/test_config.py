@@ -136,7 +136,8 @@ def test_shared_validator_gives_es_and_grpo_the_same_error_naming_the_dotted_key
 
 
 def test_docs_name_the_final_checkpoint_of_the_easy_configs():
-    """docs/analysis.md and docs/evaluation.md name RUN/checkpoints/step_T with the configs' T."""
+    """docs/analysis.md and docs/evaluation.md name the Easy runs' final checkpoints
+    (runs/easy-es/checkpoints/step_T, runs/easy-grpo/...) with the configs' T."""
     import re
 
     from esreason.grpo.config import load_grpo_config
@@ -145,5 +146,5 @@ def test_docs_name_the_final_checkpoint_of_the_easy_configs():
     t_grpo = load_grpo_config(ROOT / "configs/easy/grpo-qwen2.5-1.5b.yaml").train.max_steps
     assert t_es == t_grpo
     for page in ("docs/analysis.md", "docs/evaluation.md"):
-        named = {int(n) for n in re.findall(r"checkpoints/step_(\d+)", (ROOT / page).read_text())}
+        named = {int(n) for n in re.findall(r"easy-(?:es|grpo)/checkpoints/step_(\d+)", (ROOT / page).read_text())}
         assert named == {t_es}, page

@@ -121,3 +121,12 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert PUBLIC_REPO_BEFORE.search("(VsonicV/es-at-scale ")
     assert DATE.findall("measured 2026-11-28, since 2026-11-26T14:31:02") == ["2026-11-28"]
 
+
+
+def test_every_page_is_two_clicks_from_the_readme():
+    """README.md links the index docs/README.md, and the index links every page of docs/ (one line each)."""
+    readme = {m for m in LINK.findall((REPO / "README.md").read_text())}
+    assert "docs/README.md" in readme
+    index = {m.split("#")[0] for m in LINK.findall((REPO / "docs" / "README.md").read_text())}
+    missing = [p.name for p in DOCS if p.name != "README.md" and p.name not in index]
+    assert not missing, f"docs/README.md does not list: {', '.join(missing)}"

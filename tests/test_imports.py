@@ -35,7 +35,7 @@ MAX_LINES = 500
 # layer (module-name prefix)   ->  esreason imports it may make (module-name prefixes)
 LAYERS: dict[str, tuple[str, ...]] = {
     # The ES core: noise, cache, apply, population, shaping, update, params, lowrank, schedule. Torch,
-    # numpy and the stdlib only; no backends, no loop, no I/O (docs: /work/shared/DESIGN.md §2).
+    # numpy and the stdlib only; no backends, no loop, no I/O (docs/internals.md, "Code layout").
     "esreason.es": ("esreason.es", "esreason.errors"),
     # Policies and population evaluators sit below the evaluation harness, the ES loop, GRPO and the
     # experiments (docs/internals.md, "Code layout": no import runs back up). What both a backend and a

@@ -1,16 +1,17 @@
 """No internal issue numbers in what users read: README, docs, code, configs, scripts, tests.
 
 A reader has no access to the project's tracker, so a pointer such as "(see the tracker's item
-N)" tells them nothing; the reason itself belongs in place. History goes to CHANGELOG.md, which
-is exempt. External trackers are cited by address (``https://github.com/OWNER/REPO/issues/N``) or
+N)" tells them nothing; the reason itself belongs in place, and CHANGELOG.md states what changed and
+why without it. Every file git knows is checked, pyproject.toml, CITATION.cff and CHANGELOG.md
+included. External trackers are cited by address (``https://github.com/OWNER/REPO/issues/N``) or
 as ``OWNER/REPO#N``, which the patterns below do not match.
 
 Flagged, case-insensitively: the word for a tracker item, optionally plural, followed by a number
 (with an optional space and ``#``), the same joined to a number by a hyphen, and the word followed
 by a quoted title. The patterns are assembled from pieces so that this file does not match them.
 
-Each checked place is its own test case (``-k src``, ``-k docs``, ...), and a failure names every
-file and line.
+Each top-level entry of the tree is its own test case (``-k src``, ``-k docs``, ...), and a failure
+names every file and line.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ PATTERNS = (
     re.compile(r"\b" + _WORD + r" [\"\u201c]", re.IGNORECASE),
 )
 
-#: Every place users read: a file, or a directory checked recursively. CHANGELOG.md is exempt.
-PLACES = ("README.md", "docs", "src", "configs", "scripts", "benchmarks", ".ci", "tests", "examples")
 #: Directory names never checked: caches and build metadata (src/*.egg-info holds a copy of the README).
 SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
 
@@ -53,6 +52,18 @@ def _git_files(place: str) -> list[Path] | None:
     return [REPO / name for name in out.decode().split("\0") if name]
 
 
+def _top_level_entries() -> tuple[str, ...]:
+    """Every top-level file and directory git knows (tracked, or new and not ignored); without git, every
+    entry of the tree but hidden ones and virtual environments."""
+    files = _git_files(".")
+    if files is None:
+        return tuple(sorted(p.name for p in REPO.iterdir() if not p.name.startswith(".") or p.name == ".ci"))
+    return tuple(sorted({p.relative_to(REPO).parts[0] for p in files}))
+
+
+#: Every place: each top-level entry of the tree (README.md, CHANGELOG.md, pyproject.toml, docs, src, ...).
+PLACES = _top_level_entries()
+
 def _walk(place: str) -> list[Path]:
     root = REPO / place
     if root.is_file():
@@ -62,12 +73,10 @@ def _walk(place: str) -> list[Path]:
 
 
 def files_of(place: str) -> list[Path]:
-    """The text files of ``place`` (docs: its Markdown files only)."""
+    """The files of ``place`` (binary files are passed over by :func:`_text`)."""
     files = _git_files(place) if (REPO / ".git").exists() else None
     files = _walk(place) if files is None else files
-    if place == "docs":
-        files = [p for p in files if p.suffix == ".md"]
-    return sorted(p for p in files if p.is_file() and p.name != "CHANGELOG.md")
+    return sorted(p for p in files if p.is_file())
 
 
 def _text(path: Path) -> str | None:

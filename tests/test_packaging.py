@@ -26,10 +26,12 @@ def _name(requirement: str) -> str:
 
 
 def _block(heading: str) -> list[str]:
-    """The commands of the first bash block under README heading ``heading`` (comments stripped)."""
+    """The commands of the bash blocks under README heading ``heading`` (comments stripped)."""
     readme = (REPO / "README.md").read_text()
-    block = readme.split(f"## {heading}", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    section = readme.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    blocks = [part.split("```", 1)[0] for part in section.split("```bash\n")[1:]]
+    lines = [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line]
 
 
 def _ci_commands() -> list[str]:

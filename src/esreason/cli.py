@@ -188,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"esreason: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader of our output left (`esreason tasks | head -1`): stop quietly, as `ls | head` does, with
+        # the status a process killed by SIGPIPE has. stdout goes to devnull so the interpreter's final
+        # flush does not raise again (Python's documented recipe, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:  # a full disk anywhere (a library's own write) is one line too, not a traceback
         full = _disk_full(exc, args)
         if full is None:

@@ -1,32 +1,31 @@
 """docs/config.md, the configuration reference, written from the config dataclasses' field docstrings.
 
 Every key a user can set is a field of a frozen dataclass with a docstring under it (an attribute
-docstring: the string literal after the field). Python does not keep those strings at runtime, so
-they are read from the class source with :mod:`ast`. A field's documentation is the one of the most
-derived class that declares it (GRPO's ``generation`` section extends ES's and re-declares
-``temperature`` with its own default and text); inherited fields keep their base class's text.
+docstring: the string literal after the field, read from the source by
+:mod:`esreason.docstrings`). A field's documentation is the one of the most derived class that
+declares it (GRPO's ``generation`` section extends ES's and re-declares ``temperature`` with its own
+default and text); inherited fields keep their base class's text.
 
 The reference covers the ES run config (:class:`esreason.config.RunConfig`, ``logging.*`` from
 :mod:`esreason.config_logging`), the GRPO run config (:class:`esreason.grpo.config.GRPORunConfig`),
-the sequence and experiment files (:mod:`esreason.experiments.file_keys`), the sweep section
-(:class:`esreason.experiments.sweep.SweepSpec`) and the flat Python-API config
-(:class:`esreason.api.config.ESConfig`, each field beside its YAML key). ``scripts/config_doc.py``
-writes the file; tests/test_config_doc.py fails when it is stale or a field has no docstring.
+the sequence and experiment files (:mod:`esreason.experiments.file_keys`) and the sweep section
+(:class:`esreason.experiments.sweep.SweepSpec`). The flat Python-API config
+(:class:`esreason.api.config.ESConfig`, each field beside its YAML key) is in docs/api.md
+(:mod:`esreason.api_docs`). ``scripts/config_doc.py`` writes the file; tests/test_config_doc.py
+fails when it is stale or a field has no docstring.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import re
-import textwrap
 import types
 import typing
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
+
+from esreason.docstrings import class_docstring, declared_fields, field_doc
 
 #: Where the reference lives, relative to the repository root.
 DOC_PATH = Path("docs") / "config.md"
@@ -43,39 +42,6 @@ class KeyDoc:
 
 
 # --------------------------------------------------------------------------- reading the source
-
-
-@lru_cache(maxsize=None)
-def declared_fields(cls: type) -> dict[str, str | None]:
-    """The fields ``cls`` itself declares (annotated assignments in its body, in order), each with the
-    docstring right after it (None when there is none)."""
-    node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
-    assert isinstance(node, ast.ClassDef), cls
-    out: dict[str, str | None] = {}
-    body = node.body
-    for i, stmt in enumerate(body):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            nxt = body[i + 1] if i + 1 < len(body) else None
-            is_doc = (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                      and isinstance(nxt.value.value, str))
-            out[stmt.target.id] = inspect.cleandoc(nxt.value.value) if is_doc else None  # type: ignore[union-attr]
-    return out
-
-
-@lru_cache(maxsize=None)
-def class_docstring(cls: type) -> str | None:
-    """The docstring written in ``cls``'s source (not the signature dataclasses puts in ``__doc__``)."""
-    node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
-    assert isinstance(node, ast.ClassDef), cls
-    return ast.get_docstring(node)
-
-
-def field_doc(cls: type, name: str) -> str | None:
-    """The docstring of field ``name`` from the most derived class in ``cls``'s MRO that declares it."""
-    for klass in cls.__mro__:
-        if dataclasses.is_dataclass(klass) and name in declared_fields(klass):
-            return declared_fields(klass)[name]
-    return None
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -284,28 +250,9 @@ def _file_lines(f: ConfigFile) -> list[str]:
     return lines
 
 
-def _api_lines() -> list[str]:
-    from esreason.api.config import FIELD_KEYS, ESConfig
-
-    hints = _hints(ESConfig)
-    lines = ["## Python API: `esreason.ESConfig`", "",
-             "The ES run config flat, as TRL's configs are: `ESTrainer(args=ESConfig(population_size=32, ...))`. "
-             "Each field stands for the YAML key beside it (same meaning and checks; a field without a YAML key "
-             "is the API's own). The defaults are a small CPU run of the embedded default, not the YAML "
-             "defaults; `ESConfig.from_yaml(path)` reads a YAML run config.", "",
-             "| Field | YAML key | Type | Default | Description |", "| --- | --- | --- | --- | --- |"]
-    for f in dataclasses.fields(ESConfig):
-        yaml_key = f"`{FIELD_KEYS[f.name]}`" if f.name in FIELD_KEYS else "(API only)"
-        lines.append(f"| `{f.name}` | {yaml_key} | {markdown(type_text(hints[f.name]))} | {default_text(f)} | "
-                     f"{markdown(field_doc(ESConfig, f.name) or '')} |")
-    return lines + [""]
-
-
 def documented_classes() -> list[type]:
     """The root classes whose every field the reference documents."""
-    from esreason.api.config import ESConfig
-
-    return [f.cls for f in documented_files()] + [ESConfig]
+    return [f.cls for f in documented_files()]
 
 
 def render() -> str:
@@ -319,10 +266,10 @@ def render() -> str:
              "`--set eval.ks=1,16,32`). Loading is strict: an unknown key, a wrong type or an out-of-range "
              "value stops the command with one line naming the dotted key.", ""]
     lines += [f"- [{f.title}](#{slug(f.title)})" for f in files]
-    lines += ["- [Python API: `esreason.ESConfig`](#python-api-esreasonesconfig)", ""]
+    lines += ["", "The Python API's `esreason.ESConfig` holds every key of the ES run config as a flat field "
+              "(`sigma` for `es.sigma`); its table is in [api.md](api.md#esreasonesconfig).", ""]
     for f in files:
         lines += _file_lines(f)
-    lines += _api_lines()
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -49,8 +49,20 @@ FIELD_KEYS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class ESConfig:
-    """An ES run, flat (TRL's shape). Each field is the YAML key in :data:`FIELD_KEYS`; its meaning,
-    allowed values and checks are the YAML key's (docs/config.md), with the defaults below."""
+    """An ES run, flat (TRL's shape). Each field stands for the YAML key beside it (:data:`FIELD_KEYS`):
+    its meaning, allowed values and checks are the key's (docs/config.md), with the defaults below, a
+    small CPU run of the embedded default. ``output_dir``, ``reward_weights`` and ``pass_threshold``
+    are the API's own. A bad value is refused at construction, naming the field.
+
+    Example::
+
+        from esreason import ESConfig
+
+        args = ESConfig(output_dir="runs/mine", population_size=8, sigma=1e-3, max_steps=20)
+        longer = args.replace(max_steps=40)
+        paper = ESConfig.from_yaml("configs/easy/es-qwen2.5-1.5b.yaml", output_dir="runs/easy")
+        print(paper.population_size, paper.sigma, paper.backend)  # 32 0.0015 ray
+    """
 
     # --- the API's own -----------------------------------------------------------------------
     output_dir: str = "runs/es-api"

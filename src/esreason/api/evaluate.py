@@ -28,18 +28,61 @@ def evaluate(model: Any, dataset: Any = None, *, reward_funcs: Any = None, task:
              tasks_dir: str | Path | None = None, data_dir: str | Path | None = None, batch_size: int = 256,
              device: str | None = None, dtype: str = "auto", ci_resamples: int = 1000,
              processing_class: Any = None, progress: bool = False) -> dict[str, Any]:
-    """Evaluate ``model`` and return its metrics.
+    """Evaluate ``model`` at Pass@K, Maj@K and entropy and return the metrics: a dict keyed as
+    ``esreason eval``'s summary (``pass@1``, ``pass@16``, ``maj@16``, ``entropy``, ...; the
+    equal-weight average over the tasks), the 95 % bootstrap intervals under ``ci``, each task under
+    ``tasks`` when there are several, and ``notes``.
+
+    Give either ``dataset`` with ``reward_funcs`` (a user's data, scored by TRL-style reward
+    functions) or ``task`` (registered tasks scored by their verifiers).
 
     model: 'demo', a model or checkpoint directory, a hub id, a ``PreTrainedModel`` (with
         ``processing_class``, or its tokenizer is loaded from ``name_or_path``), or a
         ``(model, tokenizer)`` pair.
-    dataset + reward_funcs: a dataset with a ``prompt`` column scored by TRL-style reward functions
-        (registered as task ``name``); a sample is correct when its reward >= ``pass_threshold``.
-        Maj@K needs ``answer_fn(completion) -> hashable | None``; without it Maj@K is left out and
-        ``notes`` says why.
-    task: instead, one or several registered tasks (built-ins, task files under ``tasks_dir``).
-    n: samples per problem (M); k: Pass@K / Maj@K values (default 1, 16, 32 up to n).
-    output_dir: where responses.jsonl / summary.json go (default: a temporary directory, removed).
+    dataset: a ``datasets.Dataset`` or a list of dicts with a ``prompt`` column, registered as task
+        ``name`` (split ``test``).
+    reward_funcs: one callable or a list with TRL's contract (as for :class:`esreason.ESTrainer`)
+        scoring ``dataset``'s completions.
+    task: instead of a dataset, one or several registered tasks (built-ins, task files under
+        ``tasks_dir``); several give each task's metrics under ``tasks`` and their equal-weight average.
+    n: samples per problem (M).
+    k: the K of Pass@K and Maj@K, each <= ``n`` (None: 1, 16, 32 up to ``n``).
+    pass_threshold: a sample is correct when its combined reward is >= this (with ``reward_funcs``).
+    answer_fn: ``answer_fn(completion) -> hashable | None``, the answer Maj@K votes on (with
+        ``reward_funcs``); without it Maj@K is left out and ``notes`` says why.
+    reward_weights: one weight per reward function (TRL's ``reward_weights``); None = 1 each.
+    name: the task name ``dataset`` is registered under (it seeds the sampling, as a task's name does).
+    temperature: sampling temperature of the ``n`` samples.
+    top_p: nucleus mass of the samples.
+    max_new_tokens: response limit in tokens.
+    greedy: also one greedy response per problem (``greedy_acc``).
+    split: the split of the registered tasks evaluated (a ``dataset`` is split ``test``).
+    limit: only the first ``limit`` problems of each task (None: all).
+    seed: sampling seed (the same seed gives the same samples).
+    output_dir: where responses.jsonl and summary.json go; a later call with the same directory
+        resumes (None: a temporary directory, removed).
+    tasks_dir: a directory of task files registered before ``task`` is looked up.
+    data_dir: a directory with ``<data_dir>/<task>/<split>.jsonl`` for the registered tasks.
+    batch_size: sampler rows per generate call (responses are bit-reproducible for one batch size).
+    device: the torch device (None: CUDA when available, else the CPU).
+    dtype: dtype the model is loaded in ('auto': the model's own for a directory or hub id, float32
+        for an in-memory model).
+    ci_resamples: bootstrap resamples of the 95 % intervals under ``ci`` (0: no intervals).
+    processing_class: the tokenizer of an in-memory ``model``.
+    progress: show a progress bar.
+
+    Example::
+
+        from esreason import evaluate
+
+        def exact(completions, total, **kwargs):
+            return [float(str(t) in c) for c, t in zip(completions, total)]
+
+        rows = [{"prompt": f"{a}+{b}", "total": a + b} for a, b in [(12, 30), (25, 17), (31, 9), (40, 2)]]
+        scores = evaluate("demo", rows, reward_funcs=exact, n=4, k=[1, 4], max_new_tokens=32)
+        print(scores["pass@1"], scores["pass@4"], scores["ci"]["pass@1"])
+        builtin = evaluate("demo", task="demo-add", n=4, k=[1, 4], limit=8, max_new_tokens=32)
+        print(builtin["pass@4"], builtin["maj@4"])
     """
     from esreason import tasks as registry
     from esreason.api.data import register_api_task, reward_task
@@ -57,8 +100,9 @@ def evaluate(model: Any, dataset: Any = None, *, reward_funcs: Any = None, task:
         names = [register_api_task(reward_task(name, reward_funcs, {"test": dataset}, reward_weights=reward_weights,
                                                pass_threshold=pass_threshold, answer_fn=answer_fn)).name]
     else:
-        if reward_funcs is not None or answer_fn is not None:
-            raise UserError("evaluate: reward_funcs / answer_fn go with a dataset; a registered task has its own")
+        if reward_funcs is not None or answer_fn is not None or reward_weights is not None or pass_threshold != 1.0:
+            raise UserError("evaluate: reward_funcs / answer_fn / reward_weights / pass_threshold go with a dataset; "
+                            "a registered task has its own")
         names = [task] if isinstance(task, str) else list(task)  # type: ignore[arg-type]
         for t in names:
             registry.get(t)

@@ -1,17 +1,10 @@
 """``GRPOComparator``: the paper's GRPO (our TRL configuration) on a user's model, data and reward.
 
-    from esreason import GRPOComparator
-    grpo = GRPOComparator(model="demo", reward_funcs=my_reward, train_dataset=ds,
-                          args="configs/demo/grpo.yaml", output_dir="runs/mine-grpo",
-                          overrides=["train.max_steps=10", "grpo.num_generations=4"])
-    grpo.train()
-
 TRL's own ``GRPOTrainer`` takes the same reward functions and dataset; this class runs them with
 the comparator's settings (the paper's objective, population-std advantages, an epoch-seeded data
 order, FLOP matching through ``grpo.num_generations`` = N/4) and writes the run directory
-``esreason train grpo`` writes, so its checkpoints enter the same evaluation and report. ``args`` is
-the GRPO run config (:class:`esreason.grpo.config.GRPORunConfig`, or the path of its YAML file):
-its keys are documented in docs/config.md.
+``esreason train grpo`` writes, so its checkpoints enter the same evaluation and report. Its
+docstring has the parameters and an example.
 """
 
 from __future__ import annotations
@@ -27,10 +20,35 @@ from esreason.errors import UserError
 class GRPOComparator:
     """GRPO on ``train_dataset`` scored by ``reward_funcs`` (TRL's contract), into ``output_dir``.
 
-    model: 'demo', a model directory or a hub id (wins over the config's ``model``).
-    args: a GRPORunConfig, a YAML path, or None (the GRPO defaults: the paper's Easy column).
-    overrides: ``--set``-style ``key=value`` strings applied to a YAML ``args``.
-    reward_weights / pass_threshold: as for :class:`esreason.ESConfig`.
+    model: 'demo', a model directory or a hub id (wins over the config's ``model``; None: the config's).
+    reward_funcs: one callable or a list with TRL's contract, as for :class:`esreason.ESTrainer`. None:
+        train on the config's registered task with its own verifier.
+    train_dataset: a ``datasets.Dataset`` or a list of dicts with a ``prompt`` column, scored by
+        ``reward_funcs``.
+    args: the GRPO run config: a :class:`esreason.grpo.config.GRPORunConfig`, the path of its YAML
+        file (keys in docs/config.md, "GRPO run config"), or None (the GRPO defaults: the paper's Easy
+        column).
+    output_dir: the run directory (the one ``esreason train grpo --output`` writes).
+    overrides: ``--set``-style ``key=value`` strings applied on top of a YAML ``args`` (or of the
+        defaults).
+    reward_weights: one weight per reward function (TRL's ``reward_weights``); None = 1 each.
+    pass_threshold: a sample whose combined reward is >= this counts as correct.
+    task: the name ``train_dataset`` is registered under (default: the config's ``task``, or
+        ``custom`` when that is the default ``demo-add``); without ``reward_funcs``, the registered task
+        to train on (default: the config's).
+
+    Example::
+
+        from esreason import GRPOComparator
+
+        def exact(completions, total, **kwargs):
+            return [float(str(t) in c) for c, t in zip(completions, total)]
+
+        rows = [{"prompt": f"{a}+{b}", "total": a + b} for a in range(10, 40) for b in range(10, 40)]
+        grpo = GRPOComparator("demo", exact, rows, output_dir="runs/api-grpo",
+                              overrides=["train.max_steps=1", "train.batch_size=2", "grpo.num_generations=2",
+                                         "generation.max_new_tokens=16"])
+        grpo.train()  # runs/api-grpo: the run directory of `esreason train grpo`
     """
 
     def __init__(self, model: str | None = None, reward_funcs: Any = None, train_dataset: Any = None,
@@ -61,12 +79,20 @@ class GRPOComparator:
             cfg = replace(cfg, task=name)
         elif train_dataset is not None:
             raise UserError("reward_funcs: a train_dataset needs reward functions to score it")
+        elif reward_weights is not None or pass_threshold != 1.0:
+            raise UserError("reward_weights / pass_threshold: they combine and judge reward_funcs; a registered task "
+                            "scores with its own verifier (a task file: its own keys)")
+        elif task is not None:  # a registered task (a built-in, a task file) with its own verifier
+            cfg = replace(cfg, task=task)
         self.config = cfg
         self.output_dir = Path(output_dir)
         self.result: Any = None
 
     def train(self, resume_from_checkpoint: bool | None = None) -> Any:
-        """Run GRPO (``esreason train grpo``'s code path); True resumes from the newest checkpoint."""
+        """Run GRPO (``esreason train grpo``'s code path); returns its result (updates done, final checkpoint).
+
+        resume_from_checkpoint: True continues from the newest checkpoint (None or False: a new run).
+        """
         from esreason.grpo.distributed import shutdown_process_group
         from esreason.grpo.run import run_grpo
 

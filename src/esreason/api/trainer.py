@@ -1,10 +1,4 @@
-"""``ESTrainer``: full-parameter ES in TRL's shape.
-
-    from esreason import ESConfig, ESTrainer
-    trainer = ESTrainer(model="demo", reward_funcs=my_reward, train_dataset=ds,
-                        args=ESConfig(output_dir="runs/mine", max_steps=20))
-    trainer.train()
-    trainer.save_model("my-model")
+"""``ESTrainer``: full-parameter ES in TRL's shape (its docstring has the parameters and an example).
 
 It builds the same objects ``esreason train es --config`` builds and runs the same loop
 (:func:`esreason.es_loop.run.run_es`): the same settings give the same checkpoints through either
@@ -32,14 +26,32 @@ class ESTrainer:
 
     model: ``"demo"`` (the embedded default), a local model directory, a hub id, or a
         ``transformers.PreTrainedModel`` (then ``processing_class`` is its tokenizer, or it is loaded
-        from the model's ``name_or_path``).
+        from the model's ``name_or_path``). None: ``args.model``.
     reward_funcs: one callable or a list with TRL's contract, ``f(prompts, completions, completion_ids,
         **columns) -> list[float | None]``; combined with ``args.reward_weights``. None: train on the
         registered task ``args.task`` (a built-in, a task file) with its own verifier.
-    train_dataset / eval_dataset: a ``datasets.Dataset`` or a list of dicts with a ``prompt`` column
-        (text, or chat messages); registered as task ``args.task`` (splits train / test).
-    args: :class:`ESConfig`. processing_class: the tokenizer (optional).
-    answer_fn: optional ``answer_fn(completion) -> hashable | None`` for Maj@K in evaluations.
+    train_dataset: a ``datasets.Dataset`` or a list of dicts with a ``prompt`` column (text, or chat
+        messages); its other columns reach the reward functions as keyword arguments. Registered as
+        task ``args.task``, split ``train``.
+    eval_dataset: the same for periodic held-out evaluation (``args.eval_every``), split ``test``.
+    args: the run's settings, an :class:`esreason.ESConfig` (None: ``ESConfig()``).
+    processing_class: the tokenizer (None: the model's own).
+    answer_fn: ``answer_fn(completion) -> hashable | None``, the answer Maj@K votes on in held-out
+        evaluations (None: Maj@K is left out).
+
+    Example::
+
+        from esreason import ESConfig, ESTrainer
+
+        def exact(completions, total, **kwargs):  # TRL's reward contract: columns arrive as keywords
+            return [float(str(t) in c) for c, t in zip(completions, total)]
+
+        rows = [{"prompt": f"{a}+{b}", "total": a + b} for a in range(10, 40) for b in range(10, 40)]
+        trainer = ESTrainer(model="demo", reward_funcs=exact, train_dataset=rows,
+                            args=ESConfig(output_dir="runs/api-es", population_size=4, batch_size=4,
+                                          max_steps=2, max_new_tokens=32))
+        result = trainer.train()                 # runs/api-es: config.yaml, metrics.jsonl, checkpoints/
+        trainer.save_model("runs/api-es/model")  # loads with AutoModelForCausalLM.from_pretrained
     """
 
     def __init__(self, model: Any = None, reward_funcs: Any = None, train_dataset: Any = None,
@@ -70,6 +82,9 @@ class ESTrainer:
                                 "(or eval_tasks naming registered tasks)")
         elif train_dataset is not None or eval_dataset is not None:
             raise UserError("reward_funcs: a train_dataset needs reward functions to score it")
+        elif self.args.reward_weights is not None or self.args.pass_threshold != 1.0:
+            raise UserError(f"reward_weights / pass_threshold: they combine and judge reward_funcs; the registered task "
+                            f"{self.args.task!r} scores with its own verifier (a task file: its own keys)")
         self.result: TrainResult | None = None
         _warn_openmp(self.run_config.device)
 
@@ -95,7 +110,10 @@ class ESTrainer:
     def save_model(self, output_dir: str | Path | None = None) -> Path:
         """Write the trained model (the final checkpoint's centre) as a Hugging Face model directory
         (weights + tokenizer; loads with ``AutoModelForCausalLM.from_pretrained``); before ``train``,
-        the model as given. Written atomically."""
+        the model as given. Written atomically; returns the directory.
+
+        output_dir: the directory (None: ``OUTPUT/final_model``).
+        """
         from esreason.io import atomic_directory
         from esreason.io.verify import checksum_manifest
 

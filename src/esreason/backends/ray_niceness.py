@@ -24,7 +24,7 @@ Each engine reports the niceness it got (``os.nice(0)``); where an engine runs a
 than N on top of the driver's own niceness (a raylet that itself runs niced adds its niceness; a
 negative N needs the privilege to raise priority) the pool says so once (:func:`mismatch_warning`).
 Processes an actor starts (vLLM's engine core, a tensor-parallel worker) inherit its priority.
-docs/processes.md lists every process esreason starts and the priority each gets.
+docs/internals.md ("Processes and their CPU priority") lists every process esreason starts and the priority each gets.
 
 Stdlib only: ``esreason info`` reads :func:`describe` without importing Ray.
 """

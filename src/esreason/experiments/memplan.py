@@ -34,7 +34,7 @@ GIB = 2.0 ** 30
 #: What torch reports for an H100 80GB HBM3 (``total_memory``, the ``cudaMemGetInfo`` total), GiB:
 #: 79.11 in torch's out-of-memory message "GPU 0 has a total capacity of 79.11 GiB" on an H100
 #: (vllm-project/vllm#27508; that message prints the cudaMemGetInfo total to 0.01 GiB). nvidia-smi
-#: says 81,559 MiB = 79.65 GiB (/work/shared/gpu-results/2026-11-28-h100/smi.txt), the driver's
+#: says 81,559 MiB = 79.65 GiB (docs/gpu-results/2026-11-28-h100/smi.txt), the driver's
 #: figure, which torch never sees; the launcher decides with torch's figure (:func:`local_gpu`).
 H100_TORCH_GIB = 79.11
 

@@ -1,4 +1,4 @@
-"""Disk full is an error, not a traceback (docs/faults.md, "Concurrent writers and a full disk").
+"""Disk full is an error, not a traceback (docs/faults.md, "A full disk").
 
 :func:`is_disk_full` recognises ``ENOSPC``/``EDQUOT`` wherever they surface: an ``OSError``
 with that errno (Python file I/O), or a library error that only carries the text —
