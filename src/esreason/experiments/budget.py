@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from esreason.config import ConfigError
+from esreason.experiments.flops import passes_spent
 
 MATCHES = ("flops", "rollouts", "compute")
 #: The quantity each ``match`` makes equal across the trained methods (planned, at the shared L).
@@ -67,16 +68,6 @@ def rollouts_per_update(cfg: Any) -> int:
     """N x B (ES) or B x G (GRPO): the responses one full update samples."""
     samples = cfg.grpo.num_generations if method_of(cfg) == "grpo" else cfg.es.population_size
     return samples * cfg.train.batch_size
-
-
-def passes_spent(cfg: Any) -> dict[str, int]:
-    """Forward-equivalents (a backward counts 2) a run of ``cfg`` spends per generated token, by part: ES
-    ``{"sample": 1}``; GRPO :func:`esreason.grpo.plan.passes_per_token`."""
-    if method_of(cfg) == "grpo":
-        from esreason.grpo.plan import passes_per_token
-
-        return passes_per_token(cfg)
-    return {"sample": 1}
 
 
 def compute_record(cfg: Any) -> dict[str, Any]:
@@ -265,6 +256,6 @@ def matched(values: list[float | None], rel_tol: float = 1e-9) -> bool | None:
     return all(math.isclose(v, values[0], rel_tol=rel_tol) for v in values[1:])  # type: ignore[arg-type]
 
 
-__all__ = ["COUNTED", "MATCHED", "MATCHES", "PASSES", "combine", "compute_matched_updates", "compute_record", "consumed",
-           "experiment_budget", "matched", "method_of", "passes_spent", "planned", "record_in_manifest",
+__all__ = ["COUNTED", "MATCHED", "MATCHES", "PASSES", "combine", "compute_matched_updates", "compute_record",
+           "consumed", "experiment_budget", "matched", "method_of", "passes_spent", "planned", "record_in_manifest",
            "rollout_matched_updates", "rollouts_per_update", "unique_parameters"]

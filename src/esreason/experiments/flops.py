@@ -70,6 +70,16 @@ class FlopEstimate:
         return {**self.__dict__, "rollouts": self.rollouts, "flops_spent": self.flops_spent}
 
 
+def passes_spent(cfg: Any) -> dict[str, int]:
+    """Forward-equivalents (a backward counts 2) a run of ``cfg`` spends per generated token, by part: ES
+    ``{"sample": 1}``; GRPO :func:`esreason.grpo.plan.passes_per_token` (docs/budget.md, "Compute as spent")."""
+    if hasattr(cfg, "grpo"):
+        from esreason.grpo.plan import passes_per_token
+
+        return passes_per_token(cfg)
+    return {"sample": 1}
+
+
 def es_flops(T: int, N: int, D: int, P: int, L: int) -> float:
     """FLOPs_ES = 2 T N D P L."""
     return 2.0 * T * N * D * P * L
@@ -147,8 +157,6 @@ def estimate_config(cfg: Any, label: str, *, length: int | None = None, params: 
     P = params if params is not None else count_parameters(cfg.model)
     L = length if length is not None else cfg.generation.max_new_tokens
     flops = es_flops(T, samples, B, P, L) if method == "es" else grpo_flops(T, B, samples, P, L)
-    from esreason.experiments.budget import passes_spent
-
     return FlopEstimate(label, method, T, B, samples, P, L, flops, sum(passes_spent(cfg).values()))
 
 

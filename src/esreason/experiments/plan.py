@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esreason.errors import UserError
-from esreason.experiments import memplan, memplan_host, plan_terms, plan_tp
+from esreason.experiments import memplan, memplan_host, plan_compute, plan_terms, plan_tp
 from esreason.experiments import plan_table as tab
 from esreason.experiments.plan_render import render
 from esreason.experiments.spec import ExperimentSpec, run_stage_configs
@@ -87,8 +87,7 @@ class Stage:
     train, reload, heldout, checksum, checkpoint, mbpp; ``wall_hours`` is their sum."""
     gpus_held: int = 0
     """GPUs the stage holds (the node's, when it uses fewer); GPU-hours are charged on these."""
-    compute: dict[str, Any] | None = None
-    """A training stage's compute as spent (:func:`esreason.experiments.plan_compute.stage_compute`)."""
+    compute: dict[str, Any] | None = None  # a training stage's compute as spent (plan_compute.stage_compute)
 
     @property
     def gpu_hours(self) -> float:
@@ -115,7 +114,7 @@ class _Ctx:
             raise UserError(f"--gpus: expected an integer >= 1 (got {gpus})")
         if nodes < 1:
             raise UserError(f"--nodes: expected an integer >= 1 (got {nodes})")
-        self.nodes = nodes  # GRPO stages train on nodes x gpus processes (plan_compute.grpo_processes)
+        self.nodes = nodes  # GRPO stages train on nodes x gpus processes
         self.spec, self.gpus, self.gpu_type = spec, gpus, gpu
         self.gpu = tab.gpu_spec(gpu)
         self.params = count_parameters(spec.model)
@@ -300,8 +299,7 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     state = training_state_bytes(ctx.params, cfg.dtype, g.beta, memplan.reference_dtype(cfg)) / GIB
     per_gpu = state / procs if sharding == "fsdp" else state
     if procs > 1:
-        layout = f"accelerate launch, {procs} processes ({sharding.upper()}), 1 GPU each" + (
-            f", {ctx.nodes} nodes" if ctx.nodes > 1 else "")
+        layout = f"accelerate launch, {procs} processes ({sharding.upper()}), 1 GPU each{plan_compute.nodes(ctx.nodes)}"
     else:
         layout = "1 process, 1 GPU"
     rollouts = (f"vLLM colocate rollouts ({procs} engine{'s' if procs > 1 else ''})" if colocate
@@ -450,37 +448,22 @@ def memory_verdicts(stage: Stage, gpu_type: str) -> dict[str, Any]:
     return out
 
 
-def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any = None,
-               nodes: int = 1) -> dict[str, Any]:
+def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any = None, nodes: int = 1) -> dict:
     """The plan as one JSON-able object: stages, total_gpu_hours, wall_hours, assumptions (+ context).
-
-    nodes: GRPO stages train on ``nodes`` x ``gpus`` processes (accelerate's multi-node launch, docs/cluster.md);
-    ES and evaluation are planned on one node of ``gpus``."""
-    from esreason.experiments import plan_compute
-
+    ``nodes``: GRPO trains on nodes x gpus processes (docs/planning.md); ES and evaluation on one node."""
     ctx = _Ctx(spec, gpus, gpu, lengths, nodes)
     stages: list[Stage] = []
     configs: list[Any] = []
     for name, kind, updates, cfg in run_stage_configs(spec):
         stages.append(_es_stage(ctx, cfg, name, updates) if kind == "es" else
                       _grpo_stage(ctx, cfg, name, updates) if kind == "grpo" else _eval_stage(ctx, name))
-        configs.append(cfg)
-        if cfg is not None:  # what the stage spends per generated token, and the FLOPs of it
-            stages[-1].compute = plan_compute.stage_compute(cfg, updates, ctx.params,
-                                                            ctx.length(cfg.generation.max_new_tokens))
+        configs.append(cfg)  # a training stage's compute as spent: what it runs per generated token, its FLOPs
+        stages[-1].compute = plan_compute.stage_compute(cfg, updates, ctx.params, ctx.length) if cfg else None
     for st, cfg in zip(stages, configs):
         st.memory = memory_verdicts(st, gpu_type_key(gpu))
         v = st.memory.get("verdicts", {}).get(gpu_type_key(gpu))
-        if v is not None and not v["fits"]:
-            if cfg is not None and hasattr(cfg, "grpo"):  # the keys that change the figure, and the nodes
-                advice = plan_compute.grpo_stage_advice(cfg, st, ctx.gpus, v["capacity_gib"])
-                st.memory["advice"] = advice
-                ctx.notes.append(f"{st.name}: does not fit {v['gpu']}: {v['role']} needs {v['total_gib']:.1f} GiB "
-                                 f"of {v['capacity_gib']:.1f}; would change it: {memplan.advice_text(advice)}")
-                continue
-            ctx.notes.append(f"{st.name}: does not fit {v['gpu']}: {v['role']} needs {v['total_gib']:.1f} GiB of "
-                             f"{v['capacity_gib']:.1f}; largest term {v['term']} {v['term_gib']:.1f} GiB "
-                             f"(change: {v['key']})")
+        if v is not None and not v["fits"]:  # a GRPO stage's note: what would change it, and the nodes
+            ctx.notes.append(plan_compute.misfit_note(st, cfg, v, ctx.gpus))
     ctx.notes = list(dict.fromkeys(ctx.notes))
     return {
         "experiment": spec.name, "model": spec.model, "parameters": ctx.params, "size_class": ctx.size,

@@ -13,14 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def stage_compute(cfg: Any, updates: int, params: int, mean_length: float) -> dict[str, Any]:
-    """Compute as spent of a training stage of ``updates`` updates of ``cfg`` at ``mean_length`` generated
-    tokens per response (prompt tokens and padding left out, as the paper's L leaves them out)."""
+def stage_compute(cfg: Any, updates: int, params: int, mean_length: Any) -> dict[str, Any]:
+    """Compute as spent of a training stage of ``updates`` updates of ``cfg`` at ``mean_length(max_new_tokens)``
+    generated tokens per response (the plan's length model; prompt tokens and padding left out, as the paper's
+    L leaves them out)."""
     from esreason.experiments.budget import compute_record, rollouts_per_update
 
     rec = compute_record(cfg)
     rollouts = updates * rollouts_per_update(cfg)
-    tokens = rollouts * mean_length
+    tokens = rollouts * mean_length(cfg.generation.max_new_tokens)
     return {**rec, "rollouts": rollouts, "generated_tokens": round(tokens),
             "flops_spent": 2.0 * params * rec["forward_equivalents_per_token"] * tokens,
             "flops_paper": 2.0 * params * rec["paper_forward_equivalents_per_token"] * tokens}
@@ -34,6 +35,26 @@ def grpo_stage_advice(cfg: Any, stage: Any, gpus_per_node: int, gpu_gib: float) 
     procs = stage.gpus
     sharding = memplan.pick_sharding(cfg, procs, gpu_gib) if procs > 1 else "ddp"
     return memplan.grpo_advice(cfg, procs, sharding, gpu_gib, gpus_per_node)
+
+
+def nodes(n: int) -> str:
+    """The plan's layout words for a GRPO stage on ``n`` nodes ('' on one)."""
+    return f", {n} nodes" if n > 1 else ""
+
+
+def misfit_note(stage: Any, cfg: Any, v: dict[str, Any], gpus_per_node: int) -> str:
+    """The plan's note for a stage that does not fit (``v``: its verdict at the plan's GPU type): for a GRPO
+    stage the keys that would change the figure and the nodes that would fit (recorded in
+    ``stage.memory["advice"]``), else the largest term and its key."""
+    head = (f"{stage.name}: does not fit {v['gpu']}: {v['role']} needs {v['total_gib']:.1f} GiB of "
+            f"{v['capacity_gib']:.1f}")
+    if cfg is not None and hasattr(cfg, "grpo"):
+        from esreason.experiments.memplan import advice_text
+
+        advice = grpo_stage_advice(cfg, stage, gpus_per_node, v["capacity_gib"])
+        stage.memory["advice"] = advice
+        return f"{head}; would change it: {advice_text(advice)}"
+    return f"{head}; largest term {v['term']} {v['term_gib']:.1f} GiB (change: {v['key']})"
 
 
 def compute_lines(plan: dict[str, Any]) -> list[str]:
@@ -51,4 +72,4 @@ def compute_lines(plan: dict[str, Any]) -> list[str]:
     return out
 
 
-__all__ = ["compute_lines", "grpo_stage_advice", "stage_compute"]
+__all__ = ["compute_lines", "grpo_stage_advice", "misfit_note", "nodes", "stage_compute"]

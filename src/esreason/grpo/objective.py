@@ -249,5 +249,6 @@ def completion_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt
     return logps.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # [N, C]
 
 
-__all__ = ["AGGREGATION", "CLIPPED_LOSSES", "IMPORTANCE_LEVELS", "LOSS_TYPES", "LossParts", "aggregate", "gamma_weight", "clipped_surrogate", "completion_logprobs",
+__all__ = ["AGGREGATION", "CLIPPED_LOSSES", "IMPORTANCE_LEVELS", "LOSS_TYPES", "LossParts", "SAPO_TEMPERATURES",
+           "VESPO_K_LAMBDA", "aggregate", "clipped_surrogate", "completion_logprobs", "gamma_weight",
            "group_advantages", "grpo_loss", "k3_kl", "log_importance_weights"]

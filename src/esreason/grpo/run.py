@@ -266,7 +266,9 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
 
     # Task data first: a bad dataset fails before the model is loaded.
     if cfg.tasks_dir:
-        tasks.add_tasks_dir(cfg.tasks_dir)
+        from esreason.tasks.registry import add_tasks_dir
+
+        add_tasks_dir(cfg.tasks_dir)
     task = tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
     if cfg.train.stream_start is not None:  # a composition stage: its prompts in stream order, unshuffled

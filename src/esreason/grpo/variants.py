@@ -40,9 +40,10 @@ _STEPS = {"mini_batch_size": None}
 
 PRESETS: dict[str, Variant] = {v.name: v for v in (
     Variant("dr_grpo", "Dr. GRPO", {"grpo": {"loss_type": "dr_grpo", "standardize_advantages": False}},
-            "Liu et al. 2025, 'Understanding R1-Zero-Like Training' (arXiv 2503.20783), Dr. GRPO: the per-response length normalisation and the std division of the advantage both removed "
-            "(token sum / (responses x max_new_tokens); A = r - mean). Optimizer steps and KL: the base config's "
-            "(the paper's own run settings are not part of the method)"),
+            "Liu et al. 2025, 'Understanding R1-Zero-Like Training' (arXiv 2503.20783), Dr. GRPO: the "
+            "per-response length normalisation and the std division of the advantage both removed (token sum / "
+            "(responses x max_new_tokens); A = r - mean). Optimizer steps and KL: the base config's (the paper's "
+            "own run settings are not part of the method)"),
     Variant("dapo", "DAPO", {"grpo": {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0,
                                       "mask_truncated_completions": True, "soft_overlong_punishment": 0.2,
                                       **_STEPS, "mini_batches": 16}},

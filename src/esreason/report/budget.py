@@ -129,8 +129,9 @@ def budget_md(root: Path) -> list[str]:
     if grpo:
         header = ["Method", "loss_type", "importance ratio", "clip low / high", "KL beta", "advantage / std",
                   "truncated masked", "overlong penalty", "optimizer steps / update"]
-        rows = [[m["label"], o["loss_type"], o["importance_sampling_level"], f"{o['epsilon']:g} / {o['epsilon_high']:g}",
-                 f"{o['beta']:g}", yes[o["standardize_advantages"]], yes[o["mask_truncated_completions"]],
+        rows = [[m["label"], o["loss_type"], o["importance_sampling_level"],
+                 f"{o['epsilon']:g} / {o['epsilon_high']:g}", f"{o['beta']:g}", yes[o["standardize_advantages"]],
+                 yes[o["mask_truncated_completions"]],
                  f"{o.get('soft_overlong_punishment', 0):g}", _n(o.get("optimizer_steps_per_update"))]
                 for m in grpo.values() for o in [m["objective"]]]
         lines += ["GRPO and its variants (objective settings that differ between them; docs/grpo-variants.md):", "",
