@@ -279,9 +279,13 @@ def grpo_verdict(cfg: Any, procs: int, sharding: str, gpu_gib: float, gpus_per_n
 
 def pick_sharding(cfg: Any, procs: int, gpu_gib: float) -> str:
     """DDP when one replica per GPU fits with :data:`DDP_MARGIN` to spare (traced, activations
-    included), else FSDP (which shards parameters, gradients and optimizer states); DDP on one GPU."""
+    included), else FSDP (which shards parameters, gradients and optimizer states); DDP on one GPU.
+    A replica whose weights, gradients and AdamW states alone exceed the GPU is FSDP without a trace."""
     if procs <= 1:
         return "ddp"
+    params = parameter_count(architecture(cfg.model))
+    if params * (2 * _bytes(cfg.dtype) + 8) > gpu_gib * GIB:  # weights + gradients + two fp32 moments
+        return "fsdp"
     v = verdict(grpo_roles(cfg, procs, "ddp", gpu_gib), gpu_gib)
     return "ddp" if v["margin"] >= DDP_MARGIN else "fsdp"
 

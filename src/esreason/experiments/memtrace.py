@@ -203,7 +203,13 @@ def trace_grpo_microstep(arch: dict[str, Any], *, micro_batch: int, prompt_len: 
                            DTYPES[autocast] if autocast else None, beta, gradient_checkpointing,
                            DTYPES[reference_dtype or master_dtype], sharding, processes)
 
-    return _linear(trace_at, n_layers) if extrapolate else trace_at(n_layers)
+    return _linear(trace_at, n_layers, _first(sharding)) if extrapolate else trace_at(n_layers)
+
+
+def _first(sharding: str) -> int:
+    """The fewest layers :func:`_linear` starts from: 3 under FSDP (its in-flight buffers, the next unit's
+    all-gather and the previous one's reduce-scatter, exist only from the third unit on), else 1."""
+    return 3 if sharding == "fsdp" else 1
 
 
 def trace_grpo_scoring(arch: dict[str, Any], *, micro_batch: int, prompt_len: int, completion_len: int,
@@ -220,7 +226,7 @@ def trace_grpo_scoring(arch: dict[str, Any], *, micro_batch: int, prompt_len: in
                               DTYPES[autocast] if autocast else None, beta, DTYPES[reference_dtype or master_dtype],
                               sharding, processes)
 
-    return _linear(trace_at, n_layers) if extrapolate else trace_at(n_layers)
+    return _linear(trace_at, n_layers, _first(sharding)) if extrapolate else trace_at(n_layers)
 
 
 def _models(arch: dict[str, Any], layers: int, master: torch.dtype, autocast: torch.dtype | None, beta: float,
