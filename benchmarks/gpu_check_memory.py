@@ -105,7 +105,7 @@ def _row(traced: Any, measured: int | None) -> dict[str, Any]:
 
 
 def check_memory_model(device: str, tiny: bool, tiny_shapes: dict[str, Any], vocab: int) -> dict[str, Any]:
-    from esreason.experiments.memtrace import DTYPES, trace_forward, trace_grpo_microstep
+    from esreason.experiments.memtrace import DTYPES, trace_forward, trace_grpo_microstep, trace_grpo_scoring
     from esreason.grpo.objective import completion_logprobs, grpo_loss
 
     shapes = config_shapes(tiny)
@@ -134,12 +134,11 @@ def check_memory_model(device: str, tiny: bool, tiny_shapes: dict[str, Any], voc
     autocast = DTYPES[g["autocast"]] if g["autocast"] else None
 
     def grpo_step() -> None:
+        # TRL computes the reference log-probs at generation time (trace_grpo_scoring): the micro-step holds
+        # the reference's weights and reads its log-probs, as traced
         with torch.autocast(dev_type, dtype=autocast, enabled=autocast is not None):
             logp = completion_logprobs(model, prompt, pmask, completion, cmask)  # [n, C] fp32
-            ref_logp = None
-            if ref is not None:
-                with torch.no_grad():
-                    ref_logp = completion_logprobs(ref, prompt, pmask, completion, cmask)
+        ref_logp = torch.zeros_like(logp) if ref is not None else None
         grpo_loss(logp, logp.detach(), torch.zeros(n, device=device), cmask, beta=g["beta"],
                   ref_logp=ref_logp).loss.backward()
 
@@ -148,6 +147,18 @@ def check_memory_model(device: str, tiny: bool, tiny_shapes: dict[str, Any], voc
     measured = _measure(device, grpo_step, base)
     traced = trace_grpo_microstep(arch, **g)
     out["grpo_microstep"] = _row(traced, measured)
+    # ---- the generation-time scoring forward: the reference (beta > 0) or the policy, no grad, no gradients ----
+    model.zero_grad(set_to_none=True)
+    scorer = ref if ref is not None else model
+
+    def scoring() -> None:
+        with torch.no_grad(), torch.autocast(dev_type, dtype=autocast, enabled=autocast is not None):
+            completion_logprobs(scorer, prompt, pmask, completion, cmask)
+
+    scoring()
+    measured = _measure(device, scoring, base)
+    kw = {k: v for k, v in g.items() if k != "gradient_checkpointing"}
+    out["grpo_scoring"] = _row(trace_grpo_scoring(arch, **kw), measured)
     del model, opt, ref, prompt, completion
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -169,7 +180,8 @@ def check_memory_model(device: str, tiny: bool, tiny_shapes: dict[str, Any], voc
     del model, ids
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-        out["ok"] = all(out[k].get("within_tolerance", False) for k in ("grpo_microstep", "es_member_pass"))
+        out["ok"] = all(out[k].get("within_tolerance", False)
+                        for k in ("grpo_microstep", "grpo_scoring", "es_member_pass"))
     else:
         out["ok"] = True
         out["note"] = "measured on CUDA only; the CPU validation is tests/test_memtrace.py"

@@ -190,12 +190,17 @@ EXERCISED: dict[str, tuple[str, ...]] = {
         "logging.wandb.project", "logging.wandb.table_rows"),
     "test_keys_grpo.py::test_num_generations": _grpo("grpo.num_generations"),
     "test_grpo_run.py::test_zero_learning_rate_leaves_weights_bit_identical": _grpo("grpo.learning_rate"),
-    # TRL's loss and gradients against our reference loss, per variant (dapo, bnpo, gspo, gspo with KL)
+    # TRL's loss and gradients against our reference loss, per variant (every loss type, gspo with KL)
     "test_grpo_variants.py::test_trl_loss_and_gradients_match_the_reference_per_variant": _grpo(
         "grpo.loss_type", "grpo.importance_sampling_level", "grpo.epsilon", "grpo.epsilon_high", "grpo.beta",
         "grpo.kl_ratio_correction", "grpo.mask_truncated_completions"),
     "test_grpo_variants.py::test_dr_grpo_trains_on_unscaled_advantages_and_logs_its_rollouts": _grpo(
         "grpo.standardize_advantages"),
+    # a preset's mini-batches: several optimizer steps per update, ratios off 1 from the second on
+    "test_grpo_presets.py::test_each_preset_engages_its_mechanism_and_differs_from_grpo": _grpo("grpo.mini_batches"),
+    "test_grpo_variants.py::test_reference_dtype_reaches_trls_reference_model": _grpo("grpo.reference_dtype"),
+    "test_grpo_variants.py::test_soft_overlong_punishment_is_trls_with_the_share_of_the_limit": _grpo(
+        "grpo.soft_overlong_punishment"),
     "test_keys_grpo.py::test_format_reward_reaches_the_verifier": _grpo("grpo.format_reward"),
     "test_keys_grpo.py::test_reaches_trls_grpo_config": _grpo(*TRL_ARGS),
     "test_keys_grpo.py::test_bf16_reaches_trl": _grpo("grpo.bf16"),

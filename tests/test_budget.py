@@ -18,10 +18,12 @@ from esreason.experiments.variants import method_stages
 ES = {"model": "demo", "task": "demo-add", "es": {"population_size": 8, "sigma": 2e-3, "alpha": 1e-3},
       "train": {"batch_size": 4, "limit": 8, "seed": 0}, "generation": {"max_new_tokens": 16},
       "checkpoint": {"every": 1}}
-GRPO = {"model": "demo", "task": "demo-add", "grpo": {"num_generations": 2, "micro_batch_size": 8, "learning_rate": 1e-4},
+GRPO = {"model": "demo", "task": "demo-add", "grpo": {"num_generations": 2, "micro_batch_size": 2, "learning_rate": 1e-4},
         "train": {"batch_size": 4, "limit": 8, "seed": 0}, "generation": {"max_new_tokens": 16},
         "checkpoint": {"every": 1}}
 P = 1000
+#: DAPO's 16 optimizer steps per update (its preset) do not divide B = 4: 4 steps of one prompt here.
+DAPO4 = {"config": {"grpo": {"mini_batches": 4}}}
 
 
 def spec_data(**over):
@@ -30,6 +32,8 @@ def spec_data(**over):
             "eval": {"in_domain": ["demo-indomain"], "held_out": ["demo-sub"], "samples": 2, "ks": [1, 2],
                      "max_new_tokens": 16, "limit": 2, "ci_resamples": 0}}
     data.update(over)
+    if "variants" not in over and "dapo" in data["methods"]:
+        data["variants"] = {"dapo": DAPO4}
     return data
 
 
@@ -47,7 +51,7 @@ def test_preset_variants_are_grpo_methods_with_their_objective_and_the_same_flop
     assert rows["dr_grpo"] == ("grpo", "Dr. GRPO", True) and rows["dapo"] == ("grpo", "DAPO", True)
     assert rows["grpo"] == ("grpo", "GRPO", False) and spec.method("grpo").config is None  # configs.grpo itself
     dapo = spec.stage_config(spec.method("dapo"), "grpo").grpo
-    assert (dapo.loss_type, dapo.epsilon_high, dapo.beta) == ("dapo", 0.28, 0.0)
+    assert (dapo.loss_type, dapo.epsilon_high, dapo.beta, dapo.mini_batches) == ("dapo", 0.28, 0.0, 4)
     assert spec.stage_config(spec.method("dr_grpo"), "grpo").grpo.standardize_advantages is False
     # Everything else is the experiment's GRPO config: B, G, learning rate, lengths, T.
     for name in ("dr_grpo", "dapo"):
@@ -64,13 +68,13 @@ def test_preset_variants_are_grpo_methods_with_their_objective_and_the_same_flop
 
 def test_a_variants_entry_defines_a_method_from_a_preset_with_an_overlay_and_family():
     spec = parse_spec(spec_data(methods=["es", "grpo", "gspo4", "dapo"], variants={
-        "gspo4": {"preset": "gspo", "label": "GSPO (2 steps)", "config": {"grpo": {"mini_batch_size": 2, "micro_batch_size": 4}},
+        "gspo4": {"preset": "gspo", "label": "GSPO (2 steps)", "config": {"grpo": {"mini_batches": 2, "micro_batch_size": 4}},
                   "family": True},
-        "dapo": {"config": {"grpo": {"epsilon_high": 0.3}}}}))
+        "dapo": {"config": {"grpo": {"epsilon_high": 0.3, "mini_batches": 2}}}}))
     g = spec.method("gspo4")
     cfg = spec.stage_config(g, "grpo")
     assert (g.label, g.family, g.kind) == ("GSPO (2 steps)", True, "grpo")
-    assert (cfg.grpo.importance_sampling_level, cfg.grpo.mini_batch_size, cfg.grpo.epsilon) == ("sequence", 2, 3e-4)
+    assert (cfg.grpo.importance_sampling_level, cfg.grpo.mini_batches, cfg.grpo.epsilon) == ("sequence", 2, 3e-4)
     dapo = spec.method("dapo")
     assert dapo.family is False and spec.stage_config(dapo, "grpo").grpo.epsilon_high == 0.3  # over the preset's
     assert spec.stage_config(dapo, "grpo").grpo.loss_type == "dapo"
@@ -88,13 +92,16 @@ def test_a_variants_entry_defines_a_method_from_a_preset_with_an_overlay_and_fam
      "variants.dapo.config.train.max_steps"),
     ({"methods": ["es", "dapo"], "variants": {"dapo": {"family": "yes"}}}, "variants.dapo.family"),
     ({"methods": ["es", "dapo"], "variants": {"dapo": {"lr": 1}}}, "'variants.dapo': expected a mapping"),
-    ({"methods": ["es", "mine"], "variants": {"mine": {"config": {"grpo": {"loss_type": "cispo"}}}}},
+    ({"methods": ["es", "mine"], "variants": {"mine": {"config": {"grpo": {"loss_type": "gmpo"}}}}},
      "variants.mine: .*grpo.loss_type"),
     ({"match": "samples"}, "'match'"),
     ({"match": "rollouts", "methods": ["es", "grpo", "es_grpo"]}, "compositions"),
     ({"match": "rollouts", "updates": 1, "configs": {"es": {**ES, "es": {"population_size": 3}}, "grpo": GRPO}},
      "rollouts cannot be matched"),
     ({"match": "rollouts", "methods": ["grpo"], "configs": {"grpo": GRPO}}, "needs configs.es"),
+    ({"match": "compute", "methods": ["es", "grpo", "grpo_es"]}, "compute cannot be matched for the compositions"),
+    ({"match": "compute", "updates": 3}, "compute cannot be matched: ES spends 3 x 32 responses"),
+    ({"methods": ["es", "dapo"], "variants": {}}, r"variants.dapo: .*'grpo.mini_batches': must divide"),
 ])
 def test_bad_variants_and_matches_are_refused_naming_the_key(over, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -112,6 +119,38 @@ def test_match_rollouts_gives_every_grpo_method_the_updates_that_sample_as_many_
     assert summary["rollouts_equal"] is True and summary["flops_equal"] is False
     assert per["grpo"]["flops"] == 4 * per["es"]["flops"]  # 8 P L per GRPO response against 2 P L per ES one
     assert ("train/grpo", "grpo", 12) in run_stages(spec) and ("train/es", "es", 3) in run_stages(spec)
+
+
+def test_match_compute_gives_every_grpo_method_the_updates_that_spend_es_flops():
+    """At a shared L, ES spends N x B x 1 forward-equivalents per update, a GRPO method B x G x its own:
+    GRPO here 2 responses x 4 prompts x 5 (sample, forward, backward 2, reference), DAPO (no reference, 4
+    optimizer steps: an old-policy forward) 5 too, Dr. GRPO 5; ES 8 x 4 x 1 = 32 per update."""
+    spec = parse_spec(spec_data(match="compute", updates=5))
+    assert spec.method_updates(spec.method("es")) == 5
+    for name in ("grpo", "dr_grpo", "dapo"):  # 5 x 32 / (8 x 5) = 4
+        assert spec.method_updates(spec.method(name)) == 4, name
+    summary, per = budget(spec)
+    assert summary["flops_spent_equal"] is True and summary["flops_equal"] is False
+    assert summary["matched"].startswith("FLOPs as spent")
+    assert per["grpo"]["flops_spent"] == per["es"]["flops_spent"] == 2.0 * P * 5 * 32 * 16
+
+
+def test_compute_record_counts_what_trl_runs_per_token():
+    from esreason.experiments.budget import compute_record
+    from esreason.grpo.config import load_grpo_config
+
+    paper = load_grpo_config("configs/easy/grpo-qwen2.5-1.5b.yaml")  # beta 0.001, 2 optimizer steps, checkpointing
+    c = compute_record(paper)
+    assert c["passes_per_token"] == {"sample": 1, "forward": 1, "backward": 2, "recompute": 1, "old_policy": 1,
+                                     "reference": 1}
+    assert (c["forward_equivalents_per_token"], c["paper_forward_equivalents_per_token"]) == (7, 4.0)
+    assert c["optimizer_steps_per_update"] == 2
+    spec = parse_spec(spec_data())
+    assert compute_record(spec.es)["passes_per_token"] == {"sample": 1}
+    dapo = compute_record(spec.stage_config(spec.method("dapo"), "grpo"))
+    assert dapo["passes_per_token"]["reference"] == 0 and dapo["passes_per_token"]["old_policy"] == 1
+    one_step = compute_record(spec.grpo)  # one optimizer step, beta 0.001: no old-policy forward
+    assert (one_step["passes_per_token"]["old_policy"], one_step["forward_equivalents_per_token"]) == (0, 5)
 
 
 def test_an_experiment_written_before_match_existed_continues_under_match_flops(tmp_path):
@@ -148,6 +187,11 @@ def test_consumed_sums_the_update_rows_and_leaves_diagnostics_out(tmp_path):
     assert (got["updates"], got["rollouts"], got["tokens"], got["diagnostic_tokens"]) == (2, 60, 750, 90)
     assert got["mean_length"] == pytest.approx(12.5) and got["flops_at_measured_length"] == 2.0 * P * 750
     assert consumed([path], "grpo", params=P)["flops_at_measured_length"] == 8.0 * P * 750
+    assert consumed([path], "grpo", params=P, passes=7)["flops_spent"] == 2.0 * P * 7 * 750
+    assert consumed([path], "grpo", params=P)["flops_spent"] is None  # no manifest records the passes
+    (tmp_path / "manifest.json").write_text(json.dumps({"budget": {"planned": {"compute": {
+        "forward_equivalents_per_token": 5}}}}))
+    assert consumed([path], "grpo", params=P)["flops_spent"] == 2.0 * P * 5 * 750  # the run's own record
     old = tmp_path / "old.jsonl"
     old.write_text(json.dumps({"step": 1, "tokens": 10}) + "\n")  # a run from before rollouts were logged
     assert consumed([old], "es")["rollouts"] is None and consumed([old], "es")["tokens"] == 10
@@ -168,7 +212,8 @@ def test_each_training_seed_trains_a_variant_from_its_own_seeded_config(tmp_path
 
     monkeypatch.setattr(sequence, "train_method", fake_train)
     monkeypatch.setattr(runner, "_evaluate", lambda *a, **k: 0.0)
-    spec = parse_spec(spec_data(methods=["dapo"], seeds=[3, 4], match="rollouts", configs={"es": ES, "grpo": GRPO}))
+    spec = parse_spec(spec_data(methods=["dapo"], seeds=[3, 4], match="rollouts", configs={"es": ES, "grpo": GRPO},
+                                variants={"dapo": DAPO4}))
     record = runner.run_experiment(spec, tmp_path / "exp", progress=False, report=False, log=lambda *_: None).record
     assert trained == [("dapo", "seed3", 3, "dapo", 8), ("dapo", "seed4", 4, "dapo", 8)]
     assert set(record["methods"]["dapo"]["seeds"]) == {"3", "4"} and record["methods"]["dapo"]["updates"] == 8

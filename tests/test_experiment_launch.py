@@ -49,6 +49,7 @@ def test_training_state_counts_the_reference_only_with_a_kl_term():
     assert launch.training_state_bytes(10, "float32", 0.001) == 10 * 20
     assert launch.training_state_bytes(10, "float32", 0.0) == 10 * 16
     assert launch.training_state_bytes(10, "bfloat16", 0.001) == 10 * 14
+    assert launch.training_state_bytes(10, "float32", 0.001, "bfloat16") == 10 * 18  # grpo.reference_dtype
 
 
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])

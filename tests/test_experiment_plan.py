@@ -138,6 +138,8 @@ def test_engine_memory_fraction_is_the_engines_default():
 def test_bad_input_is_one_clear_error(easy):
     with pytest.raises(UserError, match="--gpus"):
         build_plan(easy, 0)
+    with pytest.raises(UserError, match="--nodes: expected an integer >= 1"):
+        build_plan(easy, 8, nodes=0)
     with pytest.raises(UserError, match="unknown GPU type 'tpu'"):
         build_plan(easy, 8, "tpu")
     with pytest.raises(UserError, match="no throughput assumption for a model of 0.00087B.*--calibrate"):
@@ -155,6 +157,23 @@ def test_cli_prints_the_same_object(capsys):
     assert main(["experiment", "plan", str(EXPERIMENTS / "easy.yaml"), "--gpus", "8", "--hf-only"]) == 0
     text = capsys.readouterr().out
     assert "HF transformers sampler" in text and "assumptions:" in text and "GPU-hours" in text
+    # compute as spent per training stage: the paper's Easy GRPO runs 7 forward-equivalents per token
+    assert "compute as spent per training stage" in text
+    assert "train/grpo" in text.split("compute as spent")[1] and "7 per token (sample 1, forward 1, backward 2" in text
+
+
+def test_nodes_plan_grpo_on_every_gpu_of_every_node(easy):
+    """`--nodes 2`: GRPO on 2 x 8 processes, ES and evaluation on one node. A 1.5B replica fits each GPU with
+    DDP's margin, so the launcher keeps DDP and every GPU holds what it holds on one node."""
+    one, two = build_plan(easy, 8), build_plan(easy, 8, nodes=2)
+    grpo1, grpo2 = (next(s for s in p["stages"] if s["name"] == "train/grpo") for p in (one, two))
+    assert (grpo2["gpus"], grpo2["gpus_held"], two["nodes"]) == (16, 16, 2) and "2 nodes" in grpo2["runs_on"]
+    es1, es2 = (next(s for s in p["stages"] if s["name"] == "train/es") for p in (one, two))
+    assert es1["gpus"] == es2["gpus"] == 8 and es1["wall_hours"] == es2["wall_hours"]
+    assert "16 processes (DDP)" in grpo2["runs_on"]
+    assert grpo2["memory"]["verdicts"]["h100"]["total_gib"] == grpo1["memory"]["verdicts"]["h100"]["total_gib"]
+    assert grpo2["compute"] == grpo1["compute"]  # the same work, spread over more GPUs
+    assert grpo2["terms_s"]["train"] < grpo1["terms_s"]["train"]  # each process trains on half as many responses
 
 
 def test_periodic_heldout_evaluation_is_counted():

@@ -25,7 +25,7 @@ def _run(tmp_path_factory, name, report, **over):
 @pytest.fixture(scope="module")
 def variants_experiment(tmp_path_factory):
     return _run(tmp_path_factory, "variants", True, methods=["base", "es", "grpo", "dr_grpo", "dapo"],
-                variants={"dapo": {"family": True}})
+                variants={"dapo": {"family": True, "config": {"grpo": {"mini_batches": 4}}}})
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,10 @@ def test_every_run_manifest_and_method_states_rollouts_and_tokens_beside_flops(v
         assert b["consumed"]["rollouts"] == 2 * per_update and b["consumed"]["tokens"] == tokens > 0
         assert b["consumed"]["updates"] == 2 and record["methods"][name]["consumed"] == b["consumed"]
         assert 0 < b["consumed"]["mean_length"] <= 16  # generation.max_new_tokens
+        # compute as spent: the run's forward-equivalents per generated token times its tokens
+        per_token = b["planned"]["compute"]["forward_equivalents_per_token"]
+        assert per_token == {"es": 1, "grpo": 5, "dapo": 5}[name]  # DAPO: no reference, an old-policy forward
+        assert b["consumed"]["flops_spent"] == 2.0 * b["planned"]["params"] * per_token * tokens
 
 
 def test_the_report_names_every_variant_and_its_budget(variants_experiment):
@@ -74,9 +78,12 @@ def test_the_report_names_every_variant_and_its_budget(variants_experiment):
     for label in ("| GRPO |", "| Dr. GRPO |", "| DAPO |", "| ES |"):
         assert label in pass_table
     budget = text.split("## Compute budget")[1].split("## ")[0]
-    assert "Matched on **flops**" in budget and "planned FLOPs equal: yes" in budget
+    assert "Matched on **flops**" in budget and "planned FLOPs by the paper's formula equal: yes" in budget
+    assert "planned FLOPs as spent equal: no" in budget  # ES 1 forward-equivalent per token, GRPO 5
     assert all(f"| {label} | 2 |" in budget for label in ("ES", "GRPO", "Dr. GRPO", "DAPO"))
-    assert "| DAPO | dapo | token | 0.2 / 0.28 | 0 | yes | yes |" in budget
+    assert "| DAPO | dapo | token | 0.2 / 0.28 | 0 | yes | yes | 0.2 | 4 |" in budget
+    assert "| DAPO | 1 | 1 | 2 | 0 | 1 | 0 | 5 | 4 | 4 |" in budget  # passes per token, as spent vs the paper's
+    assert "| ES | 1 | 0 | 0 | 0 | 0 | 0 | 1 | 1 | 1 |" in budget
     report = json.loads((out / "report" / "report.json").read_text())
     findings = {f["id"]: f for f in report["findings"]}
     assert findings["es_beats_variant_passk:dapo"]["in_family"] is True  # variants.dapo.family

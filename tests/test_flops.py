@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from pathlib import Path
 
@@ -44,6 +46,10 @@ def test_grpo_and_es_paper_configs_per_update_flops_match():
     # N = 32 = 4G, D = B and T equal (both configs stop at GRPO's 2 * floor(7473/64) = 232 updates)
     assert es.updates == grpo.updates == 2 * (7473 // 64)
     assert compare([es, grpo])["matched"] is True
+    # ...by the paper's formula; as spent, the Easy GRPO config runs 7 forward-equivalents per generated token
+    # (sampling, loss forward, backward 2, checkpoint recompute, old policy, reference) against ES's 1
+    assert (es.forward_equivalents, grpo.forward_equivalents) == (1, 7)
+    assert grpo.flops_spent == pytest.approx(7 / 4 * es.flops_spent) and compare([es, grpo])["spent_matched"] is False
     hard = [estimate(ROOT / f"configs/hard/{m}-deepseek-r1-distill-qwen-1.5b.yaml", length=8192) for m in ("es", "grpo")]
     assert compare(hard)["matched"] is True
     other_g = estimate(ROOT / "configs/easy/grpo-qwen2.5-1.5b.yaml", length=512)

@@ -10,7 +10,8 @@ import torch
 
 from esreason.config import ConfigError
 from esreason.grpo.config import GRPORunConfig, load_grpo_config
-from esreason.grpo.objective import aggregate, completion_logprobs, group_advantages, grpo_loss
+from esreason.grpo.objective import (CLIPPED_LOSSES, LOSS_TYPES, aggregate, completion_logprobs, group_advantages,
+                                     grpo_loss)
 from esreason.grpo.variants import PRESETS
 from test_grpo_objective import _fixed_batch  # the same left/right-padded batch as the base objective's test
 
@@ -29,7 +30,7 @@ def test_defaults_are_the_papers_objective_and_reach_trl():
     assert (args["loss_type"], args["importance_sampling_level"]) == ("dr_grpo", "sequence")
 
 
-@pytest.mark.parametrize("override, key", [("grpo.loss_type=cispo", "grpo.loss_type"),
+@pytest.mark.parametrize("override, key", [("grpo.loss_type=gmpo", "grpo.loss_type"),
                                            ("grpo.loss_type=GRPO", "grpo.loss_type"),
                                            ("grpo.importance_sampling_level=group", "grpo.importance_sampling_level")])
 def test_unknown_variants_raise_a_config_error_naming_the_key(override, key):
@@ -48,10 +49,75 @@ def test_presets_are_valid_configs_with_their_sources_values():
     d, r, g = _preset_config("dapo").grpo, _preset_config("dr_grpo").grpo, _preset_config("gspo").grpo
     assert (d.loss_type, d.epsilon, d.epsilon_high, d.beta, d.mask_truncated_completions) == (
         "dapo", 0.2, 0.28, 0.0, True)
+    assert (d.mini_batches, d.soft_overlong_punishment) == (16, 0.2)  # DAPO Sec. 4.1
     assert (r.loss_type, r.standardize_advantages, r.beta) == ("dr_grpo", False, 0.001)  # KL as the base config
-    assert (g.loss_type, g.importance_sampling_level, g.epsilon, g.epsilon_high, g.beta) == (
-        "grpo", "sequence", 3e-4, 4e-4, 0.0)
+    assert (g.loss_type, g.importance_sampling_level, g.epsilon, g.epsilon_high, g.beta, g.mini_batches) == (
+        "grpo", "sequence", 3e-4, 4e-4, 0.0, 4)  # GSPO Sec. 5.1
     assert _preset_config("bnpo").grpo.loss_type == "bnpo"
+    c, sp, lu, ve = (_preset_config(n).grpo for n in ("cispo", "sapo", "luspo", "vespo"))
+    assert (c.loss_type, c.epsilon_high, sp.loss_type, ve.loss_type) == ("cispo", 5.0, "sapo", "vespo")
+    assert (lu.loss_type, lu.importance_sampling_level) == ("luspo", "sequence")
+
+
+def test_a_preset_steps_override_a_base_mini_batch_size():
+    """A base config with the paper's mini_batch_size (2 steps per update) takes the preset's mini_batches."""
+    from esreason.config import build, merge, to_dict
+
+    base = merge(to_dict(GRPORunConfig()), {"train": {"batch_size": 64}, "grpo": {"mini_batch_size": 32}})
+    cfg = build(GRPORunConfig, merge(base, dict(PRESETS["gspo"].overlay)))
+    assert (cfg.grpo.mini_batch_size, cfg.grpo.mini_batches) == (None, 4)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["grpo.mini_batch_size=2", "grpo.mini_batches=2"], "grpo.mini_batches"),
+    (["train.batch_size=6", "grpo.mini_batches=4"], "grpo.mini_batches"),
+    (["grpo.soft_overlong_punishment=1.0"], "grpo.soft_overlong_punishment"),
+    (["generation.max_new_tokens=4", "grpo.soft_overlong_punishment=0.1"], "grpo.soft_overlong_punishment"),
+    (["grpo.reference_dtype=int8"], "grpo.reference_dtype")])
+def test_bad_steps_overlong_and_reference_settings_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        load_grpo_config(None, overrides)
+
+
+def test_reference_dtype_reaches_trls_reference_model(base_setup, tmp_path):
+    """grpo.reference_dtype: TRL builds the KL reference in the policy's dtype unless told (fp32 here)."""
+    trainer, _ = make_trainer(base_setup, ["grpo.beta=0.001"], tmp_path / "policy")
+    assert trainer.ref_model.dtype == torch.float32
+    trainer, _ = make_trainer(base_setup, ["grpo.beta=0.001", "grpo.reference_dtype=bfloat16"], tmp_path / "bf16")
+    assert trainer.ref_model.dtype == torch.bfloat16
+    assert next(trainer.model.parameters()).dtype == torch.float32  # the policy keeps its own
+    trainer, _ = make_trainer(base_setup, ["grpo.beta=0", "grpo.reference_dtype=bfloat16"], tmp_path / "none")
+    assert trainer.ref_model is None  # beta 0: no reference at all
+
+
+def test_the_memory_plans_reference_term_is_the_reference_trl_builds(base_setup, tmp_path):
+    """The plan's reference term (a replica: DDP or one process) is the bytes of TRL's own reference model: in
+    the policy's dtype by default, in grpo.reference_dtype when set, and nothing at beta 0."""
+    from esreason.experiments.memplan import reference_dtype
+    from esreason.experiments.memtrace import trace_grpo_microstep
+    from esreason.io.architectures import architecture
+
+    arch = architecture(base_setup[0][0].split("=", 1)[1])  # the tiny model's config.json
+    for i, over in enumerate((["grpo.beta=0.001"], ["grpo.beta=0.001", "grpo.reference_dtype=bfloat16"],
+                              ["grpo.beta=0"])):
+        trainer, cfg = make_trainer(base_setup, over, tmp_path / str(i))
+        held = 0 if trainer.ref_model is None else sum(p.nbytes for p in trainer.ref_model.parameters())
+        traced = trace_grpo_microstep(arch, micro_batch=2, prompt_len=8, completion_len=8, autocast=None,
+                                      beta=cfg.grpo.beta, reference_dtype=reference_dtype(cfg), extrapolate=False)
+        assert traced.reference == held, over
+    assert held == 0  # beta 0: TRL builds none, the plan holds none
+
+
+def test_soft_overlong_punishment_is_trls_with_the_share_of_the_limit():
+    """DAPO Eq. 13 at L_max = 20 and a 0.25 share (L_cache = 5): 0 up to 15 tokens, then linear to -1 at 20."""
+    from esreason.grpo.reward import overlong_reward, reward_functions
+
+    cfg = load_grpo_config(None, ["generation.max_new_tokens=20", "grpo.soft_overlong_punishment=0.25"])
+    fn = overlong_reward(cfg)
+    assert fn([[1] * 15, [1] * 17, [1] * 20]) == pytest.approx([0.0, -0.4, -1.0])
+    assert overlong_reward(load_grpo_config(None, [])) is None
+    funcs, n_task, _ = reward_functions(cfg, [], None, lambda text, gold: None)
+    assert (len(funcs), n_task) == (2, 1) and funcs[1].__name__ == "soft_overlong_punishment_reward"
 
 
 # --------------------------------------------------------------------------- reference aggregations
@@ -93,8 +159,12 @@ def test_sequence_level_ratio_is_the_geometric_mean_and_is_clipped_per_response(
 
 # --------------------------------------------------------------------------- TRL against the reference
 
+#: Preset keys that set the batching or the rewards, not the loss: left out where a fixed batch is compared.
+NOT_LOSS = ("mini_batches", "mini_batch_size", "soft_overlong_punishment")
+
+
 def _overlay(name: str) -> list[str]:
-    return [f"grpo.{k}={v}" for k, v in PRESETS[name].overlay["grpo"].items()]
+    return [f"grpo.{k}={v}" for k, v in PRESETS[name].overlay["grpo"].items() if k not in NOT_LOSS]
 
 
 #: Per variant: the GRPO config overrides.
@@ -105,6 +175,10 @@ VARIANTS = {
     "bnpo": ["grpo.loss_type=bnpo", "grpo.epsilon_high=0.28"],
     "gspo": _overlay("gspo"),
     "gspo_kl": _overlay("gspo") + ["grpo.beta=0.001", "grpo.kl_ratio_correction=true"],
+    "cispo": _overlay("cispo") + ["grpo.epsilon_high=1.3"],  # a weight cap the batch's ratios cross
+    "sapo": _overlay("sapo"),
+    "luspo": _overlay("luspo"),
+    "vespo": _overlay("vespo") + ["grpo.beta=0.001"],
 }
 ADVANTAGES = [1.3, -0.7, 0.4, -1.1, 0.9, -0.2]
 #: Mean log ratio of each response for the sequence-level variants, against GSPO's clip [1 - 3e-4, 1 + 4e-4]:
@@ -194,22 +268,29 @@ def test_trl_loss_and_gradients_match_the_reference_per_variant(variant, base_se
     parts = _reference(model, batch, old, ref, adv, cfg, num_items)
     grads_ref = torch.autograd.grad(parts.loss, params)
 
-    # Both clip branches (or, per response, clipped and unclipped responses) occur, so the check covers them.
-    assert parts.clip_low.item() > 0.05 and parts.clip_high.item() > 0.05
-    assert parts.clip_low.item() + parts.clip_high.item() < 0.95
+    # Both clip branches (or, per response, clipped and unclipped responses) occur, so the check covers them
+    # (CISPO caps the weight from above only; SAPO and VESPO have no clip).
+    if g.loss_type in CLIPPED_LOSSES:
+        assert parts.clip_low.item() > 0.05 and parts.clip_high.item() > 0.05
+        assert parts.clip_low.item() + parts.clip_high.item() < 0.95
+    elif g.loss_type == "cispo":
+        assert 0.05 < parts.clip_high.item() < 0.95
     # fp32 throughout; the two sides sum the same terms in a different order, which moves the result by a
     # few float32 ulps relative to its size (~1e-7): 1e-5 / 1e-4 leave room and still separate the variants.
     assert loss_trl.item() == pytest.approx(parts.loss.item(), rel=1e-5, abs=1e-6)
     for gt, gr in zip(grads_trl, grads_ref):
         torch.testing.assert_close(gt, gr, rtol=1e-4, atol=1e-6)
     logged = trainer._metrics["train"]
-    assert logged["clip_ratio/low_mean"][-1] == pytest.approx(parts.clip_low.item(), rel=1e-6)
-    assert logged["clip_ratio/high_mean"][-1] == pytest.approx(parts.clip_high.item(), rel=1e-6)
+    if g.loss_type in CLIPPED_LOSSES:
+        assert logged["clip_ratio/low_mean"][-1] == pytest.approx(parts.clip_low.item(), rel=1e-6)
+        assert logged["clip_ratio/high_mean"][-1] == pytest.approx(parts.clip_high.item(), rel=1e-6)
+    elif g.loss_type == "cispo":
+        assert logged["cispo_clip_ratio"][-1] == pytest.approx(parts.clip_high.item(), rel=1e-6)
     if g.beta:
         assert logged["kl"][-1] == pytest.approx(parts.kl.item(), rel=1e-5)
     # The other aggregations give other numbers on this batch, so the match above identifies this one (bnpo
     # and an unscaled dapo are the same token mean: the dapo case compares a larger normaliser instead).
-    for t in ("grpo", "dr_grpo", "dapo", "bnpo"):
+    for t in LOSS_TYPES:
         if t == g.loss_type or (g.loss_type, t) == ("bnpo", "dapo"):
             continue
         other = _reference(model, batch, old, ref, adv, load_grpo_config(None, base_setup[0] + overrides + [

@@ -15,7 +15,7 @@ import torch
 
 from esreason.experiments import memplan
 from esreason.io.architectures import architecture, hf_config, known, parameter_count
-from esreason.experiments.memtrace import trace_forward, trace_grpo_microstep
+from esreason.experiments.memtrace import trace_forward, trace_grpo_microstep, trace_grpo_scoring
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.heavy  # CLI subprocesses and real-shape traces (about 80 s on one worker)
@@ -111,12 +111,38 @@ def test_traced_scorer_forward_matches_the_measured_peak_within_ten_percent():
     assert traced.total == pytest.approx(measured, rel=0.10)
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_layer_extrapolation_equals_a_direct_trace(checkpointing):
-    kw = dict(micro_batch=2, prompt_len=32, completion_len=96, beta=0.001, gradient_checkpointing=checkpointing)
-    direct = trace_grpo_microstep({**SMALL, "num_hidden_layers": 5}, extrapolate=False, **kw)
-    linear = trace_grpo_microstep({**SMALL, "num_hidden_layers": 5}, extrapolate=True, **kw)
+@pytest.mark.parametrize("checkpointing, sharding", [(False, "ddp"), (True, "ddp"), (True, "fsdp")])
+def test_layer_extrapolation_equals_a_direct_trace(checkpointing, sharding):
+    kw = dict(micro_batch=2, prompt_len=32, completion_len=96, beta=0.001, gradient_checkpointing=checkpointing,
+              sharding=sharding, processes=4)
+    layers = 5 if sharding == "ddp" else 6  # FSDP: its in-flight buffers settle from the third unit on
+    direct = trace_grpo_microstep({**SMALL, "num_hidden_layers": layers}, extrapolate=False, **kw)
+    linear = trace_grpo_microstep({**SMALL, "num_hidden_layers": layers}, extrapolate=True, **kw)
     assert linear == direct
+    if sharding == "fsdp":  # the scoring forward gathers TRL's reference whole: it too grows alike per layer
+        kw.pop("gradient_checkpointing")
+        assert trace_grpo_scoring({**SMALL, "num_hidden_layers": layers}, extrapolate=False, **kw) == \
+            trace_grpo_scoring({**SMALL, "num_hidden_layers": layers}, extrapolate=True, **kw)
+
+
+def test_fsdp_trace_shards_the_policy_and_gathers_trls_reference_whole():
+    """Under FSDP over P ranks a process holds 1/P of the policy, its gradients, AdamW states and the reference
+    (DTensor shards, padded to the rank count); the scoring forward all-gathers the whole reference at once, as
+    TRL's prepare_fsdp wraps it as one unit, in bf16 (accelerate's mixed-precision policy under bf16)."""
+    arch, p = {**SMALL, "num_hidden_layers": 3}, 4
+    full = parameter_count(arch)
+    kw = dict(micro_batch=2, prompt_len=32, completion_len=96, beta=0.001, master_dtype="float32",
+              autocast="bfloat16", extrapolate=False)
+    replica = trace_grpo_microstep(arch, **kw)
+    sharded = trace_grpo_microstep(arch, sharding="fsdp", processes=p, **kw)
+    assert replica.reference == 4 * full and sharded.reference == pytest.approx(4 * full / p, rel=0.01)
+    assert sharded.optimizer == pytest.approx(replica.optimizer / p, rel=0.01)
+    scoring = trace_grpo_scoring(arch, sharding="fsdp", processes=p, **kw)
+    assert scoring.gathered == pytest.approx(2 * full, rel=0.01) and scoring.gradients == 0
+    bf16 = trace_grpo_scoring(arch, sharding="fsdp", processes=p, reference_dtype="bfloat16", **kw)
+    assert bf16.reference == pytest.approx(scoring.reference / 2, rel=0.01)
+    none = trace_grpo_microstep(arch, sharding="fsdp", processes=p, **{**kw, "beta": 0.0})
+    assert none.reference == 0
 
 
 def test_architecture_files_give_the_known_parameter_counts():
@@ -130,7 +156,8 @@ def test_architecture_files_give_the_known_parameter_counts():
 
 
 #: Shipped configs that do not fit one node of 8 x H100 (the plan says so with its numbers and the GRPO
-#: launcher refuses them: tests/test_tp_plan.py): full-parameter GRPO at 14B and 32B under FSDP.
+#: launcher refuses them: tests/test_tp_plan.py): full-parameter GRPO at 14B and 32B under FSDP, whose KL
+#: reference TRL all-gathers whole in its forward.
 BEYOND_ONE_NODE = ("grpo-qwen2.5-14b.yaml", "grpo-qwen2.5-32b.yaml")
 
 

@@ -179,16 +179,20 @@ def test_report_has_the_gain_vs_forgetting_table_and_figure(tmp_path):
     es = table["rows"]["es"]
     assert es["in_domain_gain_pass@1"]["value"] == pytest.approx(0.10)  # 60 - 50 on demo-add
     assert es["heldout_change_pass@1"]["value"] == pytest.approx(0.02)  # (2 + 2) / 2 over demo-sub, countdown
-    kl = es["offtask_kl"]
+    kl = es["offtask_kl_per_token"]
     assert kl["value"] == pytest.approx(0.08) and kl["ci_low"] < 0.08 < kl["ci_high"] and kl["n"] == 10
     # +-0.01 around 0.08 over 10 rows: the bootstrap mean's 95% interval lies within 0.08 +- 0.0065
     assert 0.08 - 0.0066 < kl["ci_low"] and kl["ci_high"] < 0.08 + 0.0066
+    seq = es["offtask_kl_per_sequence"]  # every row 20 tokens: 20 x the per-token figure, interval too
+    assert seq["value"] == pytest.approx(1.6) and seq["ci_low"] < 1.6 < seq["ci_high"] and seq["n"] == 10
     assert es["relative_l2"] == pytest.approx(0.003)
-    assert table["rows"]["grpo_es"]["offtask_kl"] is None and table["kl_direction"] == "KL(base || tuned)"
+    assert table["rows"]["grpo_es"]["offtask_kl_per_token"] is None and table["kl_direction"] == "KL(base || tuned)"
+    assert table["rows"]["grpo_es"]["offtask_kl_per_sequence"] is None
     assert any("GRPO→ES: no off-task KL" in n for n in result.notes)
     md = result.markdown.read_text()
     assert "## 9. Gain vs forgetting" in md and "![gain vs forgetting](gain_vs_forgetting.png)" in md
-    assert "| ES | +10.0 [" in md and "| 0.0800 [0.07" in md
+    assert "| ES | +10.0 [" in md and "| 1.600 [1.4" in md and "| 0.0800 [0.07" in md
+    assert "Off-task KL per sequence (nats/response) | Off-task KL per token (nats/token)" in md
     assert (result.out_dir / "offtask_drift.tex").read_text().startswith("% requires")
     w, h = _png_size(result.out_dir / "gain_vs_forgetting.png")
     assert w > 600 and h > 300
@@ -201,9 +205,22 @@ def test_without_offtask_files_the_table_still_has_gain_and_retention(tmp_path):
     result = build_report(write_experiment(tmp_path / "exp", ["base", "grpo", "es"]))
     rows = json.loads(result.json_path.read_text())["tables"]["offtask_drift"]["rows"]
     assert rows["grpo"]["in_domain_gain_pass@1"]["value"] == pytest.approx(0.20)
-    assert rows["grpo"]["offtask_kl"] is None
+    assert rows["grpo"]["offtask_kl_per_token"] is None and rows["grpo"]["offtask_kl_per_sequence"] is None
     assert any("names no analysis.offtask" in n for n in result.notes)
     assert (result.out_dir / "gain_vs_forgetting.png").is_file()  # the held-out panel alone
+
+
+def test_per_sequence_and_per_token_kl_differ_where_lengths_do(tmp_path):
+    """Two rows whose token KLs sum to 0.2, over 2 and over 10 tokens: each estimates a sequence KL of 0.2;
+    the length-normalised per-token figure is (0.1 + 0.02) / 2 = 0.06."""
+    from esreason.report.drift import _read_run
+
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"rows": [{"id": "a", "kl_sum": 0.2, "tokens": 2},
+                                         {"id": "b", "kl_sum": 0.2, "tokens": 10}], "relative_l2": 0.0}))
+    run = _read_run(path)
+    assert np.mean(list(run.per_sequence.values())) == pytest.approx(0.2)
+    assert np.mean(list(run.per_token.values())) == pytest.approx(0.06)
 
 
 def test_kl_interval_with_seeds_is_the_seed_level_t_interval():

@@ -32,6 +32,7 @@ def test_experiment_measures_offtask_kl_of_every_method_and_reuses_it(tmp_path):
     es = json.loads((out / index["methods"]["es"]["file"]).read_text())
     same = json.loads((out / index["methods"]["grpo"]["file"]).read_text())  # the base model's own weights
     assert len(es["rows"]) == 6 and es["mean_token_kl"] > 0 and es["relative_l2"] > 0
+    assert es["mean_sequence_kl"] == pytest.approx(sum(r["kl_sum"] for r in es["rows"]) / 6)
     assert same["mean_token_kl"] == pytest.approx(0.0, abs=1e-6) and same["relative_l2"] == 0.0
     assert es["sha256_tensors"] == record["methods"]["es"]["sha256_tensors"]
 
@@ -42,8 +43,10 @@ def test_experiment_measures_offtask_kl_of_every_method_and_reuses_it(tmp_path):
 
     report = json.loads((out / "report" / "report.json").read_text())
     row = report["tables"]["offtask_drift"]["rows"]["es"]
-    assert row["offtask_kl"]["value"] == pytest.approx(es["mean_token_kl"])
-    assert row["offtask_kl"]["ci_low"] <= es["mean_token_kl"] <= row["offtask_kl"]["ci_high"]
+    assert row["offtask_kl_per_token"]["value"] == pytest.approx(es["mean_token_kl"])
+    assert row["offtask_kl_per_token"]["ci_low"] <= es["mean_token_kl"] <= row["offtask_kl_per_token"]["ci_high"]
+    seq = row["offtask_kl_per_sequence"]
+    assert seq["value"] == pytest.approx(es["mean_sequence_kl"]) and seq["ci_low"] <= seq["value"] <= seq["ci_high"]
     assert (out / "report" / "gain_vs_forgetting.png").is_file()
 
     # other settings: a new set, and every method scored again on it

@@ -42,13 +42,15 @@ def test_sweep_drift_places_every_endpoint_against_base(tmp_path, capsys, tiny_m
     table = json.loads((exp / "report" / "report.json").read_text())["tables"]["offtask_drift"]["rows"]
     for key in ("v0", "v1"):
         row = table[key]
-        assert row["offtask_kl"]["value"] > 0 and row["relative_l2"] > 0
+        assert row["offtask_kl_per_token"]["value"] > 0 and row["relative_l2"] > 0
+        assert row["offtask_kl_per_sequence"]["value"] > row["offtask_kl_per_token"]["value"]
         # two training seeds: the seed-level intervals (nothing is left without one), and per seed the
         # problem-only ones, narrower (evaluation noise only)
-        assert row["offtask_kl"]["ci_low"] is not None and row["in_domain_gain_pass@1"]["ci_low"] is not None
+        assert row["offtask_kl_per_token"]["ci_low"] is not None and row["in_domain_gain_pass@1"]["ci_low"] is not None
         assert set(row["per_seed"]) == {"0", "1"}
-        one = row["per_seed"]["0"]["offtask_kl"]
-        assert one["ci_high"] - one["ci_low"] < row["offtask_kl"]["ci_high"] - row["offtask_kl"]["ci_low"]
+        one = row["per_seed"]["0"]["offtask_kl_per_token"]
+        both = row["offtask_kl_per_token"]
+        assert one["ci_high"] - one["ci_low"] < both["ci_high"] - both["ci_low"]
     drift = (exp / "drift.md").read_text()
     assert "| anchor_decay=100 |" in drift and "| anchor_decay=100 (seed 1) |" in drift
     assert drift.strip() in printed

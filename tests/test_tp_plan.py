@@ -89,14 +89,19 @@ def test_grpo_at_32b_does_not_fit_one_node_and_the_launcher_refuses_it(plans, mo
 
     stage = next(s for s in plans["32b"]["stages"] if s["name"] == "train/grpo")
     v = stage["memory"]["verdicts"]["h100"]
-    role = stage["memory"]["roles"][0]["terms_gib"]
-    assert not v["fits"] and v["total_gib"] > 2 * H100[1]  # the shipped plan: 236.7 GiB of 79.1
-    assert role["parameters"] + role["gradients"] + role["optimizer"] > 0.9 * H100[1]  # FSDP's shards alone
-    assert any(n.startswith("train/grpo: does not fit NVIDIA H100 80GB") for n in plans["32b"]["notes"])
+    scoring = next(r for r in stage["memory"]["roles"] if r["role"] == "training process, scoring forward")
+    assert not v["fits"] and v["total_gib"] > 2 * H100[1] and v["role"] == scoring["role"]
+    # TRL wraps the reference as one FSDP unit: its forward all-gathers all 32.8B weights (bf16) on every process
+    assert scoring["terms_gib"]["reference_gathered"] == pytest.approx(2 * 32_763_876_352 / GIB, rel=0.01)
+    advice = stage["memory"]["advice"]
+    assert advice["nodes_to_fit"] is None and advice["nodes_to_fit_beta0"] is not None  # beta 0: no reference
+    assert "reference_gathered" in advice["at_max_nodes"]["unsharded_terms_gib"]
+    assert any(n.startswith("train/grpo: does not fit NVIDIA H100 80GB") and "no number of nodes" in n
+               and "with grpo.beta=0: `--nodes" in n for n in plans["32b"]["notes"])
 
     cfg = memplan.load_run_config(ROOT / "configs/easy/grpo-qwen2.5-32b.yaml")
-    with pytest.raises(UserError, match=r"does not fit 8 x NVIDIA H100 80GB under FSDP: one training process "
-                                        r"needs \d+\.\d GiB of 79\.1"):
+    with pytest.raises(UserError, match=r"does not fit 8 x NVIDIA H100 80GB under FSDP: one training process, scoring "
+                                        r"forward needs \d+\.\d GiB of 79\.1 .*grpo.beta=0 -> \d+\.\d GiB"):
         launch.check_grpo_fits(cfg, 8, "fsdp", H100)
     launched = []
     monkeypatch.setattr(launch, "stage_processes", lambda device: 8)
@@ -112,6 +117,32 @@ def test_grpo_at_32b_does_not_fit_one_node_and_the_launcher_refuses_it(plans, mo
     assert launched and launched[0]["sharding"] == "fsdp"
     fits = memplan.load_run_config(ROOT / "configs/easy/grpo-qwen2.5-7b.yaml")
     launch.check_grpo_fits(fits, 8, "fsdp", H100)  # the 7B config still starts
+
+
+def test_grpo_at_14b_names_beta_and_the_reference_dtype_with_their_figures_and_the_nodes_that_fit(plans):
+    """The 14B plan on one node: the refusal names only keys that change the figure, each with it, and the nodes
+    on which the paper's settings fit; `--nodes` plans it there."""
+    from esreason.experiments.plan import build_plan
+    from esreason.experiments.spec import load_spec
+
+    stage = next(s for s in plans["14b"]["stages"] if s["name"] == "train/grpo")
+    v, advice = stage["memory"]["verdicts"]["h100"], stage["memory"]["advice"]
+    assert not v["fits"]
+    alt = {a["set"]: a for a in advice["alternatives"]}
+    assert set(alt) <= {"grpo.beta=0", "grpo.reference_dtype=bfloat16", "grpo.micro_batch_size=1"}
+    assert alt["grpo.beta=0"]["fits"] and alt["grpo.beta=0"]["total_gib"] < v["total_gib"]
+    assert v["total_gib"] - alt["grpo.reference_dtype=bfloat16"]["total_gib"] == pytest.approx(
+        14_770_033_664 * 2 / 8 / GIB * 1.1, rel=0.05)  # its shard halves (fp32 -> bf16), with fragmentation
+    assert "grpo.gradient_checkpointing=true" not in alt  # already set: it would not change the figure
+    nodes = advice["nodes_to_fit"]
+    assert nodes is not None and nodes > 1
+    note = next(n for n in plans["14b"]["notes"] if n.startswith("train/grpo: does not fit"))
+    assert f"grpo.beta=0 -> {alt['grpo.beta=0']['total_gib']:.1f} GiB (fits)" in note and f"`--nodes {nodes}`" in note
+    multi = build_plan(load_spec(str(ROOT / "configs/experiments/easy-qwen2.5-14b.yaml"), ["methods=[grpo]"]), 8,
+                       nodes=nodes)
+    grpo = next(s for s in multi["stages"] if s["name"] == "train/grpo")
+    assert grpo["gpus"] == grpo["gpus_held"] == 8 * nodes and f"{nodes} nodes" in grpo["runs_on"]
+    assert grpo["memory"]["verdicts"]["h100"]["fits"] and multi["nodes"] == nodes
 
 
 def test_experiment_run_refuses_the_32b_experiment_naming_the_grpo_stage(tmp_path):

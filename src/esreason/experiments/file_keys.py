@@ -148,9 +148,10 @@ class ExperimentFile:
     task's prompts), ``file`` (JSONL or text) or ``dataset`` (a hub dataset), with ``limit`` and
     ``max_tokens``: each method's off-task token KL from the base and its held-out retention, report
     section "Gain vs forgetting" (docs/offtask.md)."""
-    match: Literal["flops", "rollouts"] = "flops"
+    match: Literal["flops", "rollouts", "compute"] = "flops"
     """What the trained methods' budgets match (docs/budget.md): ``flops`` (the paper: every method the
-    same updates, N = 4G) or ``rollouts`` (GRPO's updates set so it samples as many responses as ES)."""
+    same updates, N = 4G), ``rollouts`` (GRPO's updates set so it samples as many responses as ES) or
+    ``compute`` (GRPO's updates set so its planned FLOPs as spent equal ES's)."""
 
 
 @dataclass(frozen=True)

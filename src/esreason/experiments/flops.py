@@ -1,4 +1,4 @@
-"""FLOP accounting for ES vs GRPO (paper appendix "ES-GRPO FLOP Matching").
+"""FLOP accounting for ES vs GRPO (paper appendix "ES-GRPO FLOP Matching"), and the FLOPs as spent beside it.
 
 With P parameters and responses of L tokens, a forward pass costs ~2PL FLOPs and a
 backward pass ~4PL. Per update:
@@ -8,7 +8,9 @@ backward pass ~4PL. Per update:
 
 With T_ES = T_GRPO, D = B and N = 4G the two are equal (paper: N = 32, G = 8).
 Matching uses one shared L, as the paper does; lengths measured in runs differ (ES
-samples at temperature 0, GRPO at 1.0) and are reported separately.
+samples at temperature 0, GRPO at 1.0) and are reported separately. What a config's code path
+spends per generated token (ES 1 forward-equivalent, GRPO 5-7 by config) is the ``passes / token``
+column (:func:`esreason.experiments.budget.passes_spent`, docs/budget.md).
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ class FlopEstimate:
     params: int
     length: int
     flops: float
+    forward_equivalents: int = 0
+    """Forward-equivalents the config's code path runs per generated token (0: not counted); docs/budget.md."""
+
+    @property
+    def flops_spent(self) -> float:
+        """FLOPs as spent at L: 2 P x forward-equivalents x rollouts x L (docs/budget.md, "Compute as spent")."""
+        return 2.0 * self.params * self.forward_equivalents * self.rollouts * self.length
 
     @property
     def rollouts(self) -> int:
@@ -58,7 +67,17 @@ class FlopEstimate:
         return self.updates * self.prompts * self.samples
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "rollouts": self.rollouts}
+        return {**self.__dict__, "rollouts": self.rollouts, "flops_spent": self.flops_spent}
+
+
+def passes_spent(cfg: Any) -> dict[str, int]:
+    """Forward-equivalents (a backward counts 2) a run of ``cfg`` spends per generated token, by part: ES
+    ``{"sample": 1}``; GRPO :func:`esreason.grpo.plan.passes_per_token` (docs/budget.md, "Compute as spent")."""
+    if hasattr(cfg, "grpo"):
+        from esreason.grpo.plan import passes_per_token
+
+        return passes_per_token(cfg)
+    return {"sample": 1}
 
 
 def es_flops(T: int, N: int, D: int, P: int, L: int) -> float:
@@ -138,14 +157,16 @@ def estimate_config(cfg: Any, label: str, *, length: int | None = None, params: 
     P = params if params is not None else count_parameters(cfg.model)
     L = length if length is not None else cfg.generation.max_new_tokens
     flops = es_flops(T, samples, B, P, L) if method == "es" else grpo_flops(T, B, samples, P, L)
-    return FlopEstimate(label, method, T, B, samples, P, L, flops)
+    return FlopEstimate(label, method, T, B, samples, P, L, flops, sum(passes_spent(cfg).values()))
 
 
 def compare(estimates: list[FlopEstimate], rel_tol: float = 1e-9) -> dict[str, Any]:
     """The estimates plus whether they are matched (equal FLOPs under one shared L)."""
     matched = len(estimates) > 1 and all(
         math.isclose(e.flops, estimates[0].flops, rel_tol=rel_tol) for e in estimates[1:])
-    return {"configs": [e.as_dict() for e in estimates], "matched": matched,
+    spent = len(estimates) > 1 and all(
+        math.isclose(e.flops_spent, estimates[0].flops_spent, rel_tol=rel_tol) for e in estimates[1:])
+    return {"configs": [e.as_dict() for e in estimates], "matched": matched, "spent_matched": spent,
             "shared_length": len({e.length for e in estimates}) == 1}
 
 
@@ -171,14 +192,17 @@ def measured_length(run_dir: str | Path) -> float | None:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = ["| config | method | T | B/D | G/N | P | L | FLOPs | rollouts |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| config | method | T | B/D | G/N | P | L | FLOPs (paper's formula) | rollouts | passes / token | "
+             "FLOPs as spent |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in result["configs"]:
         lines.append(f"| {c['config']} | {c['method']} | {c['updates']} | {c['prompts']} | {c['samples']} | "
-                     f"{c['params']:,} | {c['length']} | {c['flops']:.4g} | {c['rollouts']:,} |")
+                     f"{c['params']:,} | {c['length']} | {c['flops']:.4g} | {c['rollouts']:,} | "
+                     f"{c['forward_equivalents']} | {c['flops_spent']:.4g} |")
     if len(result["configs"]) > 1:
         lines.append("")
-        lines.append(f"matched: {'yes' if result['matched'] else 'no'}")
+        lines.append(f"matched (the paper's formula): {'yes' if result['matched'] else 'no'}; FLOPs as spent "
+                     f"equal: {'yes' if result['spent_matched'] else 'no'}")
     return "\n".join(lines)
 
 

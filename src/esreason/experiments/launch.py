@@ -64,11 +64,12 @@ def stage_processes(device: str, env: Mapping[str, str] | None = None) -> int:
     return 1
 
 
-def training_state_bytes(params: int, dtype: str, beta: float) -> float:
+def training_state_bytes(params: int, dtype: str, beta: float, reference_dtype: str | None = None) -> float:
     """Bytes of the GRPO training state per full replica: weights, gradients, AdamW moments (fp32)
-    and, with a KL term (beta > 0), the reference model in the same dtype."""
+    and, with a KL term (beta > 0), the reference model in ``reference_dtype`` (None: ``dtype``, TRL's)."""
     width = 4 if dtype == "float32" else 2
-    return params * (width + width + 8 + (width if beta > 0 else 0))
+    ref = width if reference_dtype is None else (4 if reference_dtype == "float32" else 2)
+    return params * (width + width + 8 + (ref if beta > 0 else 0))
 
 
 def choose_sharding(params: int, dtype: str, beta: float, gpu_memory_bytes: float, vllm_fraction: float) -> Sharding:
@@ -148,12 +149,12 @@ def check_grpo_fits(cfg: Any, processes: int, sharding: Sharding, gpu: tuple[str
     from esreason.experiments import memplan
 
     name, gib = gpu
-    v = memplan.verdict(memplan.grpo_roles(cfg, processes, sharding, gib), gib)
+    v = memplan.grpo_verdict(cfg, processes, sharding, gib)
     if not v["fits"]:
         raise UserError(f"GRPO for {cfg.model} does not fit {processes} x {name} under {sharding.upper()}: one "
-                        f"training process needs {v['total_gib']:.1f} GiB of {gib:.1f} (largest term {v['term']} "
-                        f"{v['term_gib']:.1f} GiB; change {v['key']}); `esreason experiment plan` shows every term, "
-                        f"{FORCE_ENV}=1 starts it anyway")
+                        f"{v['role']} needs {v['total_gib']:.1f} GiB of {gib:.1f} (largest term {v['term']} "
+                        f"{v['term_gib']:.1f} GiB); would change it: {memplan.advice_text(v['advice'])}; "
+                        f"`esreason experiment plan` shows every term, {FORCE_ENV}=1 starts it anyway")
 
 
 def _fit_gpu() -> tuple[str, float]:

@@ -18,215 +18,24 @@ stage that does not fit the GPU it sees (``--force`` overrides).
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from esreason.io.architectures import architecture, parameter_count
-from esreason.experiments.memtrace import Trace, trace_forward, trace_grpo_microstep
-
-GIB = 2.0 ** 30
-
-#: What torch reports for an H100 80GB HBM3 (``total_memory``, the ``cudaMemGetInfo`` total), GiB:
-#: 79.11 in torch's out-of-memory message "GPU 0 has a total capacity of 79.11 GiB" on an H100
-#: (vllm-project/vllm#27508; that message prints the cudaMemGetInfo total to 0.01 GiB). nvidia-smi
-#: says 81,559 MiB = 79.65 GiB (docs/gpu-results/2026-11-28-h100/smi.txt), the driver's
-#: figure, which torch never sees; the launcher decides with torch's figure (:func:`local_gpu`).
-H100_TORCH_GIB = 79.11
-
-#: What torch reports for an H200 (141 GB HBM3e), GiB: 139.80 in torch's out-of-memory messages
-#: "GPU 5 has a total capacity of 139.80 GiB" on 8 x H200 (PrimeIntellect-ai/prime-rl,
-#: benchmarks/results/BENCHMARKS.md, "Failed Benchmarks", the version of 2026-01-13). The same
-#: figure derived from ours: nvidia-smi's 143,771 MiB on the lent H200 (140.40 GiB) less the
-#: 0.54 GiB by which torch's figure is below nvidia-smi's on the H100 gives 139.86 GiB. The
-#: acceptance run's preflight (scripts/gpu-acceptance.sh) records torch's own figure on the lent H200.
-H200_TORCH_GIB = 139.80
-
-#: GPU memory per GPU type, GiB: the H100 and the H200 as torch reports them (:data:`H100_TORCH_GIB`,
-#: :data:`H200_TORCH_GIB`), the figure the launcher's sharding choice uses on those GPUs; the A100s
-#: as ``nvidia-smi`` reports them (torch's figure unrecorded: lower, by 0.54 GiB on the H100).
-GPU_MEMORY_GIB = {
-    "h100": ("NVIDIA H100 80GB", H100_TORCH_GIB),
-    "a100-40": ("NVIDIA A100 40GB", 40960 / 1024),
-    "a100-80": ("NVIDIA A100 80GB", 81920 / 1024),
-    "h200": ("NVIDIA H200", H200_TORCH_GIB),
-}
-
-
-def gpu_type_of(name: str) -> str | None:
-    """The :data:`GPU_MEMORY_GIB` key of a GPU torch names (``torch.cuda.get_device_name``), or None:
-    "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200, "NVIDIA A100-SXM4-40GB" -> a100-40."""
-    n = name.upper().replace("-", " ")
-    if "H200" in n:
-        return "h200"
-    if "H100" in n:
-        return "h100"
-    if "A100" in n:
-        return "a100-40" if "40GB" in n.replace(" ", "") else "a100-80"
-    return None
-
-#: The terms a trace cannot see: (value, unit, source).
-TERMS = {
-    "cuda_context": (0.75, "GiB per process",
-                     "assumption (ours): CUDA 12 context, cuBLAS/cuDNN workspaces and kernel images of one torch "
-                     "process on an H100 (0.5-1 GiB is typical); scripts/gpu-check.sh prints the measured one"),
-    "fragmentation": (0.10, "of the allocator's peak",
-                      "assumption (ours): slack of PyTorch's caching allocator between reserved and allocated "
-                      "memory for a training step with varying sequence lengths"),
-    "ddp_buckets": (1.0, "x the gradients",
-                    "PyTorch DDP docs (gradient_as_bucket_view): DDP's gradient buckets are a second copy of the "
-                    "gradients unless viewed, which accelerate does not set"),
-    "fsdp_gather": (2.0, "x one decoder layer's unsharded parameters",
-                    "PyTorch FSDP (forward prefetch / backward prefetch): the current and the next unit are "
-                    "all-gathered at once"),
-    "vllm_sleep_residual": (1.0, "GiB",
-                            "assumption (ours): vLLM at sleep level 1 (weights offloaded, KV cache discarded) keeps "
-                            "its CUDA graph pool and allocator slack"),
-    "update_blocks": (3 * 16 / 1024, "GiB",
-                      "esreason.es.noise: three 16 MiB noise blocks live during perturb / restore / update"),
-    "vllm_runtime": (2.0, "GiB per engine",
-                     "assumption (ours): inside vLLM's reservation beside weights and KV cache, its profiled "
-                     "activation peak (max_num_batched_tokens) and CUDA-graph pool at 1.5B-7B; unmeasured"),
-}
-
-#: The longest chat-rendered prompt per task, tokens (assumption (ours) where not measured: the
-#: paper's templates around the longest public problem; HotpotQA carries its context paragraphs).
-PROMPT_TOKENS = {"hotpotqa": 2048, "gpqa": 512, "mbpp": 512, "gsm8k": 384, "math500": 512, "aime": 512,
-                 "csqa": 256, "countdown": 256}
-DEFAULT_PROMPT_TOKENS = 512
-
-
-def prompt_tokens(tasks: Any) -> int:
-    """The longest prompt among ``tasks`` (:data:`PROMPT_TOKENS`)."""
-    names = [tasks] if isinstance(tasks, str) else list(tasks or [])
-    return max([PROMPT_TOKENS.get(str(t).split("-")[0], DEFAULT_PROMPT_TOKENS) for t in names] or
-               [DEFAULT_PROMPT_TOKENS])
-
-
-@dataclass
-class Role:
-    """One GPU's memory in a stage: named terms (GiB) and the config key each answers to."""
-
-    name: str
-    terms: dict[str, float] = field(default_factory=dict)
-    keys: dict[str, str] = field(default_factory=dict)
-    capacity_gib: float | None = None
-    """What the terms must fit in when not the whole GPU (one engine's vLLM reservation)."""
-    capacity_key: str = "-"
-    """The config key that changes ``capacity_gib``."""
-
-    def add(self, term: str, gib: float, key: str) -> None:
-        self.terms[term] = self.terms.get(term, 0.0) + gib
-        self.keys[term] = key
-
-    @property
-    def total(self) -> float:
-        return sum(self.terms.values())
-
-
-def _bytes(dtype: str) -> int:
-    return 2 if dtype in ("bfloat16", "float16") else 4
-
-
-def _cache_dir() -> Path:
-    """Where traces are kept between runs: ``ESREASON_CACHE_DIR`` or ``~/.cache/esreason``, under
-    ``memtrace``."""
-    root = os.environ.get("ESREASON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "esreason")
-    return Path(root) / "memtrace"
-
-
-def _cached(kind: str, arch: dict[str, Any], args: dict[str, Any], trace: Any) -> Trace:
-    """``trace()``, kept on disk under a key of everything it depends on: the architecture, the
-    arguments, the tracer's source and the torch and transformers versions (a change to any traces
-    again). A trace takes seconds; a plan makes a dozen."""
-    import hashlib
-    import inspect
-
-    import torch
-    import transformers
-
-    from esreason.experiments import memtrace
-
-    key = json.dumps([kind, arch, args, torch.__version__, transformers.__version__,
-                      hashlib.sha256(inspect.getsource(memtrace).encode()).hexdigest()], sort_keys=True, default=str)
-    path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
-    if path.is_file():
-        try:
-            return Trace(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            pass  # unreadable: trace again and overwrite
-    out = trace()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(out)))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: the plan still works, it traces every time
-    return out
-
-
-@lru_cache(maxsize=64)
-def _grpo_trace(model: str, micro: int, prompt: int, completion: int, master: str, autocast: str | None,
-                beta: float, checkpointing: bool) -> Trace:
-    arch = architecture(model)
-    args = dict(micro_batch=micro, prompt_len=prompt, completion_len=completion, master_dtype=master,
-                autocast=autocast, beta=beta, gradient_checkpointing=checkpointing)
-    return _cached("grpo", arch, args, lambda: trace_grpo_microstep(arch, **args))
-
+from esreason.experiments.memtrace import Trace, trace_forward
+# The machinery (memplan_base) and the GRPO process's roles (memplan_grpo) live beside; their names are
+# this module's too (__all__).
+from esreason.experiments.memplan_base import (DEFAULT_PROMPT_TOKENS, GIB, GPU_MEMORY_GIB, H100_TORCH_GIB,
+                                               H200_TORCH_GIB, PROMPT_TOKENS, TERMS, Role, _bytes, _cached,
+                                               gpu_type_of, prompt_tokens, roles_json, verdict)
+from esreason.experiments.memplan_grpo import (DDP_MARGIN, advice_text, grpo_advice, grpo_roles, grpo_verdict,
+                                               nodes_to_fit, pick_sharding, reference_dtype)
 
 @lru_cache(maxsize=64)
 def _forward_trace(model: str, batch: int, seq: int, dtype: str, kind: str) -> Trace:
     arch = architecture(model)
     args = dict(batch=batch, seq_len=seq, dtype=dtype, kind=kind)
     return _cached("forward", arch, args, lambda: trace_forward(arch, **args))
-
-
-def grpo_roles(cfg: Any, procs: int, sharding: str, gpu_gib: float) -> list[Role]:
-    """The GRPO training process's GPU (every process holds the same)."""
-    g = cfg.grpo
-    prompt = prompt_tokens(cfg.task)
-    autocast = "bfloat16" if g.bf16 else None
-    t = _grpo_trace(cfg.model, g.micro_batch_size, prompt, cfg.generation.max_new_tokens, cfg.dtype, autocast,
-                    float(g.beta), bool(g.gradient_checkpointing))
-    r = Role("training process")
-    shard = procs if sharding == "fsdp" else 1
-    r.add("parameters", t.parameters / shard / GIB, "dtype / configs/accelerate (FSDP)")
-    r.add("gradients", t.gradients / shard / GIB, "configs/accelerate (FSDP)")
-    r.add("optimizer", t.optimizer / shard / GIB, "configs/accelerate (FSDP)")
-    r.add("activations", t.activations / GIB, "grpo.gradient_checkpointing, grpo.micro_batch_size, "
-          "generation.max_new_tokens")
-    if sharding == "fsdp":
-        arch = architecture(cfg.model)
-        layer = (parameter_count({**arch, "num_hidden_layers": 1}) - parameter_count({**arch, "num_hidden_layers": 0}))
-        r.add("fsdp_gather", TERMS["fsdp_gather"][0] * layer * _bytes(cfg.dtype) / GIB, "configs/accelerate")
-    elif procs > 1:
-        r.add("ddp_buckets", TERMS["ddp_buckets"][0] * t.gradients / GIB, "configs/accelerate (FSDP)")
-    allocated = sum(r.terms.values())
-    r.add("fragmentation", TERMS["fragmentation"][0] * allocated, "grpo.micro_batch_size")
-    r.add("cuda_context", TERMS["cuda_context"][0], "-")
-    colocate = g.use_vllm and g.vllm_mode == "colocate"
-    if colocate:
-        share = g.vllm_gpu_memory_utilization * gpu_gib
-        if g.vllm_sleep:
-            # Training runs with vLLM asleep; rollouts run with the training state resident (the
-            # activations and DDP buckets' transient use freed). The role is the larger of the two.
-            during_rollout = (r.terms["parameters"] + r.terms["gradients"] + r.terms["optimizer"]
-                              + r.terms.get("ddp_buckets", 0.0) + r.terms["cuda_context"] + share)
-            during_train = r.total + TERMS["vllm_sleep_residual"][0]
-            if during_rollout > during_train:
-                r.add("vllm", share, "grpo.vllm_gpu_memory_utilization")
-                for k in ("activations", "fragmentation", "fsdp_gather"):
-                    r.terms.pop(k, None)
-            else:
-                r.add("vllm_asleep", TERMS["vllm_sleep_residual"][0], "grpo.vllm_sleep")
-        else:
-            r.add("vllm", share, "grpo.vllm_gpu_memory_utilization, grpo.vllm_sleep")
-    return [r]
 
 
 def es_masters_gib(cfg: Any) -> float:
@@ -338,32 +147,6 @@ def eval_roles(spec: Any, gpu_gib: float, utilization: float, dtype: str, tokens
     return [r]
 
 
-def verdict(roles: list[Role], gpu_gib: float) -> dict[str, Any]:
-    """Fits / does not fit on a GPU of ``gpu_gib``: the worst role, its margin, and where it does
-    not fit the largest term and the key that changes it."""
-    def cap(r: Role) -> float:
-        return r.capacity_gib if r.capacity_gib is not None else gpu_gib
-
-    worst = max(roles, key=lambda r: r.total / cap(r))
-    margin = 1.0 - worst.total / cap(worst)
-    out: dict[str, Any] = {"fits": worst.total <= cap(worst), "margin": round(margin, 4), "role": worst.name,
-                           "total_gib": round(worst.total, 2), "capacity_gib": round(cap(worst), 2)}
-    if not out["fits"] and worst.capacity_key != "-":  # the budget is what to change (an engine's share)
-        term = max(worst.terms, key=lambda k: worst.terms[k])
-        out.update(term=term, term_gib=round(worst.terms[term], 2), key=worst.capacity_key)
-    elif not out["fits"]:
-        changeable = {k: v for k, v in worst.terms.items() if worst.keys.get(k, "-") != "-"}
-        term = max(changeable or worst.terms, key=lambda k: worst.terms[k])
-        out.update(term=term, term_gib=round(worst.terms[term], 2), key=worst.keys.get(term, "-"))
-    return out
-
-
-def roles_json(roles: list[Role]) -> list[dict[str, Any]]:
-    return [{"role": r.name, "terms_gib": {k: round(v, 2) for k, v in r.terms.items()},
-             "total_gib": round(r.total, 2),
-             **({"capacity_gib": round(r.capacity_gib, 2)} if r.capacity_gib is not None else {})} for r in roles]
-
-
 def local_gpu() -> tuple[str, float] | None:
     """(name, GiB) of the GPU torch sees, or None: the capacity the launcher's sharding choice and
     ``experiment run``'s memory check both use (``total_memory``)."""
@@ -390,19 +173,6 @@ def load_run_config(path: Any, overrides: tuple[str, ...] = ()) -> Any:
     return load_config(path, overrides)
 
 
-#: DDP is chosen only where its traced memory leaves at least this share of the GPU free.
-DDP_MARGIN = 0.10
-
-
-def pick_sharding(cfg: Any, procs: int, gpu_gib: float) -> str:
-    """DDP when one replica per GPU fits with :data:`DDP_MARGIN` to spare (traced, activations
-    included), else FSDP (which shards parameters, gradients and optimizer states); DDP on one GPU."""
-    if procs <= 1:
-        return "ddp"
-    v = verdict(grpo_roles(cfg, procs, "ddp", gpu_gib), gpu_gib)
-    return "ddp" if v["margin"] >= DDP_MARGIN else "fsdp"
-
-
 def run_config_roles(cfg: Any, gpus: int, gpu_gib: float) -> list[Role]:
     """The GPU roles of one run config on ``gpus`` GPUs of ``gpu_gib`` each (as the runner lays
     it out: GRPO one process per GPU under accelerate, DDP or FSDP as launch.choose_sharding picks;
@@ -418,20 +188,38 @@ def run_config_roles(cfg: Any, gpus: int, gpu_gib: float) -> list[Role]:
                     tab.CONSTANTS["trainer_gpu_gib"].value)
 
 
+def training_configs(spec: Any) -> list[tuple[str, str, Any]]:
+    """(stage, kind, run config) of every training config ``spec`` runs: ``train (es)``, ``train (grpo)`` for
+    configs.grpo and ``train (<method>)`` for a GRPO method with its own config (a variant; GRPO under
+    ``match: rollouts | compute``), each distinct config once."""
+    kinds = spec.trained_kinds()
+    out: list[tuple[str, str, Any]] = []
+    if "es" in kinds and spec.es is not None:
+        out.append(("train (es)", "es", spec.es))
+    seen: list[Any] = []
+    for m in spec.methods:
+        if m.kind not in ("grpo", "es_grpo", "grpo_es"):
+            continue
+        cfg = spec.stage_config(m, "grpo")
+        if cfg is None or any(cfg == c for c in seen):
+            continue
+        seen.append(cfg)
+        out.append(("train (grpo)" if cfg is spec.grpo else f"train ({m.name})", "grpo", cfg))
+    return out
+
+
 def experiment_roles(spec: Any, gpus: int, gpu_gib: float) -> list[tuple[str, list[Role]]]:
     """``[(stage, roles)]`` for every kind of stage ``spec`` runs on GPUs: its ES and GRPO training
-    configs and its evaluation (stages on the CPU have no roles and are left out). ``spec``: an
-    :class:`esreason.experiments.spec.ExperimentSpec` (its ``trained_kinds`` and ``eval_settings``)."""
+    configs (:func:`training_configs`) and its evaluation (stages on the CPU have no roles and are left out).
+    ``spec``: an :class:`esreason.experiments.spec.ExperimentSpec` (its ``trained_kinds`` and ``eval_settings``)."""
     from esreason.backends.vllm_eval import EvalEngineOptions
     from esreason.backends.scoring import TOKENS_PER_FORWARD
 
-    kinds = spec.trained_kinds()
     out = []
-    for kind, cfg in (("es", spec.es), ("grpo", spec.grpo)):
-        if kind in kinds and cfg is not None:
-            roles = run_config_roles(cfg, gpus, gpu_gib)
-            if roles:
-                out.append((f"train ({kind})", roles))
+    for stage, _, cfg in training_configs(spec):
+        roles = run_config_roles(cfg, gpus, gpu_gib)
+        if roles:
+            out.append((stage, roles))
     device, dtype = spec.eval_settings()
     if str(device).startswith("cuda"):
         util = EvalEngineOptions.__dataclass_fields__["gpu_memory_utilization"].default
@@ -440,12 +228,28 @@ def experiment_roles(spec: Any, gpus: int, gpu_gib: float) -> list[tuple[str, li
 
 
 def check_fits(spec: Any, gpus: int, gpu_name: str, gpu_gib: float) -> None:
-    """Raise UserError (one line: the stage, the term, the key) when a stage does not fit."""
+    """Raise UserError (one line: the stage, the term, the key; for GRPO the keys that would change the
+    figure, each with its figure, and the nodes that would fit) when a stage does not fit."""
     from esreason.errors import UserError
 
+    configs = {stage: (kind, cfg) for stage, kind, cfg in training_configs(spec)}
     for stage, roles in experiment_roles(spec, gpus, gpu_gib):
         v = verdict(roles, gpu_gib)
-        if not v["fits"]:
+        if v["fits"]:
+            continue
+        kind, cfg = configs.get(stage, (None, None))
+        if kind == "grpo":
+            advice = grpo_advice(cfg, gpus, pick_sharding(cfg, gpus, gpu_gib), gpu_gib, gpus)
             raise UserError(f"stage {stage} does not fit {gpu_name}: {v['role']} needs {v['total_gib']:.1f} GiB of "
-                            f"{gpu_gib:.1f} (largest term: {v['term']} {v['term_gib']:.1f} GiB; change "
-                            f"{v['key']}); `esreason experiment plan` shows every term; --force runs anyway")
+                            f"{gpu_gib:.1f} (largest term: {v['term']} {v['term_gib']:.1f} GiB); would change it: "
+                            f"{advice_text(advice)}; `esreason experiment plan` shows every term; --force runs anyway")
+        raise UserError(f"stage {stage} does not fit {gpu_name}: {v['role']} needs {v['total_gib']:.1f} GiB of "
+                        f"{gpu_gib:.1f} (largest term: {v['term']} {v['term_gib']:.1f} GiB; change "
+                        f"{v['key']}); `esreason experiment plan` shows every term; --force runs anyway")
+
+
+__all__ = ["DDP_MARGIN", "DEFAULT_PROMPT_TOKENS", "GIB", "GPU_MEMORY_GIB", "H100_TORCH_GIB", "H200_TORCH_GIB",
+           "PROMPT_TOKENS", "Role", "TERMS", "advice_text", "check_fits", "engine_share_role", "es_masters_gib",
+           "es_roles", "eval_roles", "experiment_roles", "gpu_type_of", "grpo_advice", "grpo_roles", "grpo_verdict",
+           "load_run_config", "local_gpu", "masters_fit_on_gpu", "nodes_to_fit", "pick_sharding", "prompt_tokens",
+           "reference_dtype", "roles_json", "run_config_roles", "training_configs", "verdict"]

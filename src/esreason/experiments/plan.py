@@ -55,10 +55,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esreason.errors import UserError
-from esreason.experiments import memplan, memplan_host, plan_terms, plan_tp
+from esreason.experiments import memplan, memplan_host, plan_compute, plan_terms, plan_tp
 from esreason.experiments import plan_table as tab
 from esreason.experiments.plan_render import render
-from esreason.experiments.spec import ExperimentSpec, run_stages
+from esreason.experiments.spec import ExperimentSpec, run_stage_configs
 
 GIB = 2.0 ** 30
 BYTES_PER_PARAM = {"perturb": 10, "restore": 6, "draw": 4, "accumulate": 12, "apply": 48, "zeros": 4,
@@ -87,6 +87,7 @@ class Stage:
     train, reload, heldout, checksum, checkpoint, mbpp; ``wall_hours`` is their sum."""
     gpus_held: int = 0
     """GPUs the stage holds (the node's, when it uses fewer); GPU-hours are charged on these."""
+    compute: dict[str, Any] | None = None  # a training stage's compute as spent (plan_compute.stage_compute)
 
     @property
     def gpu_hours(self) -> float:
@@ -98,19 +99,22 @@ class Stage:
                 "gpus_held": max(self.gpus, self.gpus_held), "wall_hours": round(self.wall_hours, 3),
                 "terms_s": {k: round(v, 1) for k, v in self.terms.items()},
                 "memory_gib_per_gpu": {k: round(v, 1) for k, v in self.memory_gib_per_gpu.items()},
-                "memory": self.memory}
+                "memory": self.memory, **({"compute": self.compute} if self.compute is not None else {})}
 
 
 class _Ctx:
     """The inputs every stage reads, and the assumptions it used (recorded once each)."""
 
-    def __init__(self, spec: ExperimentSpec, gpus: int, gpu: str, lengths: Any = None) -> None:
+    def __init__(self, spec: ExperimentSpec, gpus: int, gpu: str, lengths: Any = None, nodes: int = 1) -> None:
         from esreason.experiments.flops import count_parameters
 
         self.lengths = lengths  # esreason.experiments.lengths.MeasuredLengths or None (the table's lognormal)
 
         if gpus < 1:
             raise UserError(f"--gpus: expected an integer >= 1 (got {gpus})")
+        if nodes < 1:
+            raise UserError(f"--nodes: expected an integer >= 1 (got {nodes})")
+        self.nodes = nodes  # GRPO stages train on nodes x gpus processes
         self.spec, self.gpus, self.gpu_type = spec, gpus, gpu
         self.gpu = tab.gpu_spec(gpu)
         self.params = count_parameters(spec.model)
@@ -282,7 +286,7 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     from esreason.experiments.launch import choose_sharding, training_state_bytes
 
     g = cfg.grpo
-    procs = ctx.gpus if cfg.device.startswith("cuda") else 1
+    procs = ctx.gpus * ctx.nodes if cfg.device.startswith("cuda") else 1  # --nodes: one process per GPU of each
     responses = updates * cfg.train.batch_size * g.num_generations
     rollout_tokens = responses * ctx.length(cfg.generation.max_new_tokens)
     heldout, heldout_tokens = _heldout(ctx, cfg, updates)  # the main process's HF sampler (docs/grpo.md)
@@ -292,10 +296,10 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (None, ctx.gpu["memory_gib"]))[1]
     sharding = memplan.pick_sharding(cfg, procs, gib) if procs > 1 and _on_gpu(cfg) else \
         choose_sharding(ctx.params, cfg.dtype, g.beta, mem_bytes, share) if procs > 1 else "ddp"
-    state = training_state_bytes(ctx.params, cfg.dtype, g.beta) / GIB
+    state = training_state_bytes(ctx.params, cfg.dtype, g.beta, memplan.reference_dtype(cfg)) / GIB
     per_gpu = state / procs if sharding == "fsdp" else state
     if procs > 1:
-        layout = f"accelerate launch, {procs} processes ({sharding.upper()}), 1 GPU each"
+        layout = f"accelerate launch, {procs} processes ({sharding.upper()}), 1 GPU each{plan_compute.nodes(ctx.nodes)}"
     else:
         layout = "1 process, 1 GPU"
     rollouts = (f"vLLM colocate rollouts ({procs} engine{'s' if procs > 1 else ''})" if colocate
@@ -333,7 +337,7 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
              "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(
                  ctx.params * ((4 if cfg.dtype == "float32" else 2) + 8))}
     return Stage(name, f"{layout}; {rollouts}", responses + heldout, round(rollout_tokens + heldout_tokens), procs,
-                 sum(terms.values()) / 3600, memory, terms=terms, gpus_held=ctx.gpus,
+                 sum(terms.values()) / 3600, memory, terms=terms, gpus_held=max(ctx.gpus, procs),
                  roles=lambda gib: memplan.run_config_roles(cfg, procs, gib),  # sharding as the launcher picks on that GPU
                  host=lambda gib: memplan_host.grpo_host(cfg, procs, memplan.pick_sharding(cfg, procs, gib), updates))
 
@@ -444,24 +448,26 @@ def memory_verdicts(stage: Stage, gpu_type: str) -> dict[str, Any]:
     return out
 
 
-def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any = None) -> dict[str, Any]:
-    """The plan as one JSON-able object: stages, total_gpu_hours, wall_hours, assumptions (+ context)."""
-    ctx = _Ctx(spec, gpus, gpu, lengths)
+def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any = None, nodes: int = 1) -> dict:
+    """The plan as one JSON-able object: stages, total_gpu_hours, wall_hours, assumptions (+ context).
+    ``nodes``: GRPO trains on nodes x gpus processes (docs/planning.md); ES and evaluation on one node."""
+    ctx = _Ctx(spec, gpus, gpu, lengths, nodes)
     stages: list[Stage] = []
-    for name, kind, updates in run_stages(spec):
-        stages.append(_es_stage(ctx, spec.es, name, updates) if kind == "es" else
-                      _grpo_stage(ctx, spec.grpo, name, updates) if kind == "grpo" else _eval_stage(ctx, name))
-    for st in stages:
+    configs: list[Any] = []
+    for name, kind, updates, cfg in run_stage_configs(spec):
+        stages.append(_es_stage(ctx, cfg, name, updates) if kind == "es" else
+                      _grpo_stage(ctx, cfg, name, updates) if kind == "grpo" else _eval_stage(ctx, name))
+        configs.append(cfg)  # a training stage's compute as spent: what it runs per generated token, its FLOPs
+        stages[-1].compute = plan_compute.stage_compute(cfg, updates, ctx.params, ctx.length) if cfg else None
+    for st, cfg in zip(stages, configs):
         st.memory = memory_verdicts(st, gpu_type_key(gpu))
         v = st.memory.get("verdicts", {}).get(gpu_type_key(gpu))
-        if v is not None and not v["fits"]:
-            ctx.notes.append(f"{st.name}: does not fit {v['gpu']}: {v['role']} needs {v['total_gib']:.1f} GiB of "
-                             f"{v['capacity_gib']:.1f}; largest term {v['term']} {v['term_gib']:.1f} GiB "
-                             f"(change: {v['key']})")
+        if v is not None and not v["fits"]:  # a GRPO stage's note: what would change it, and the nodes
+            ctx.notes.append(plan_compute.misfit_note(st, cfg, v, ctx.gpus))
     ctx.notes = list(dict.fromkeys(ctx.notes))
     return {
         "experiment": spec.name, "model": spec.model, "parameters": ctx.params, "size_class": ctx.size,
-        "gpus": gpus, "gpu_type": ctx.gpu["name"],
+        "gpus": gpus, "nodes": nodes, "gpu_type": ctx.gpu["name"],
         "stages": [s.as_dict() for s in stages],
         "total_gpu_hours": round(sum(s.gpu_hours for s in stages), 2),
         "wall_hours": round(sum(s.wall_hours for s in stages), 2),

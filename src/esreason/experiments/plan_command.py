@@ -33,7 +33,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from esreason.experiments.lengths import read_lengths
 
         lengths = read_lengths(args.lengths)
-    plan = build_plan(spec, args.gpus, args.gpu_type, lengths)
+    plan = build_plan(spec, args.gpus, args.gpu_type, lengths, nodes=args.nodes)
     print(json.dumps(plan, indent=2) if args.json else render(plan))
     return 0
 
@@ -43,6 +43,9 @@ def register(actions: Any) -> argparse.ArgumentParser:
                                         "GPU-hours and memory per GPU (nothing is run)")
     p.add_argument("file", help="experiment YAML (e.g. configs/experiments/easy.yaml)")
     p.add_argument("--gpus", type=int, help="GPUs of the node (required without --calibrate)")
+    p.add_argument("--nodes", type=int, default=1, metavar="N",
+                   help="plan GRPO training on N nodes of --gpus GPUs each (accelerate's multi-node launch, "
+                        "docs/cluster.md); ES and evaluation stay on one node (default 1)")
     p.add_argument("--calibrate", action="store_true", help="measure this machine's constants in a short run of "
                    "the experiment on this machine (its own backends: HF, vLLM, Ray, accelerate) and plan it with them")
     from esreason.experiments.calibrate_check import MAX_SPREAD

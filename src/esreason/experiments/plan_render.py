@@ -7,8 +7,11 @@ from typing import Any
 
 def render(plan: dict[str, Any]) -> str:
     """The plan as a text table."""
+    nodes = plan.get("nodes", 1)
+    where = f"{plan['gpus']} x {plan['gpu_type']}" + (
+        f" per node, GRPO on {nodes} nodes ({nodes * plan['gpus']} GPUs)" if nodes > 1 else "")
     lines = [f"experiment {plan['experiment']}: {plan['model']} ({plan['parameters'] / 1e9:.2f}B parameters, "
-             f"class {plan['size_class']}) on {plan['gpus']} x {plan['gpu_type']}", "",
+             f"class {plan['size_class']}) on {where}", "",
              f"{'stage':<28} {'GPUs':>4} {'responses':>12} {'tokens':>15} {'wall h':>8} {'GPU-h':>8}  "
              "memory per GPU (traced plan)  runs on"]
     for s in plan["stages"]:
@@ -26,6 +29,9 @@ def render(plan: dict[str, Any]) -> str:
         sorted({k for s in plan["stages"] for k in s.get("terms_s", {})}))]
     for s in plan["stages"]:
         lines.append(f"  {s['name']:<28} " + "  ".join(f"{k} {v:,.0f}" for k, v in s.get("terms_s", {}).items() if v))
+    from esreason.experiments.plan_compute import compute_lines
+
+    lines += compute_lines(plan)
     lines += ["", f"total: {plan['wall_hours']:.2f} h wall, {plan['total_gpu_hours']:.2f} GPU-hours", "",
               "assumptions:"]
     lines += [f"  {a['key']} = {a['value']:g} {a['unit']}  ({a.get('label', 'estimate')})  [{a['source']}]"

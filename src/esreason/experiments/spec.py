@@ -27,7 +27,7 @@ ES and GRPO run configs, the evaluation suites and the sampling protocol::
     seeds: [0, 1, 2]                  # optional: train every trained method once per seed
     plan: {runaway_share: 0.01}       # optional: `experiment plan` assumptions (PlanSettings)
     variants: {dapo: {family: true}}  # optional: GRPO variants as methods (experiments/variants.py)
-    match: flops                      # optional: flops (same T) or rollouts (GRPO's T set to ES's rollouts)
+    match: flops                      # optional: flops (same T), rollouts or compute (GRPO's T set to ES's)
     analysis:                         # optional: off-task drift (esreason.analysis.offtask.settings)
       offtask: {task: demo-countdown, limit: 64, max_tokens: 64}
 
@@ -85,9 +85,11 @@ class MethodSpec:
     checkpoint: str | None = None
     """The model evaluated for 'base' and 'checkpoint' methods."""
     config: Any = None
-    """A 'grpo' method's own GRPORunConfig (a variant, or GRPO under ``match: rollouts``); None: configs.grpo."""
+    """A 'grpo' method's own GRPORunConfig (a variant, or GRPO under ``match: rollouts | compute``); None:
+    configs.grpo."""
     updates: int | None = None
-    """This method's updates when they differ from the experiment's (``match: rollouts``); None: ``updates``."""
+    """This method's updates when they differ from the experiment's (``match: rollouts | compute``); None:
+    ``updates``."""
     family: bool = False
     """A variant whose claims against ES join the report's family (``variants.<name>.family``)."""
     variant: bool = False
@@ -116,7 +118,8 @@ class ExperimentSpec:
     plan: PlanSettings = field(default_factory=PlanSettings)
     """Assumptions of ``esreason experiment plan`` (key ``plan``)."""
     match: str = "flops"
-    """What the methods' budgets match (key ``match``): 'flops' or 'rollouts' (:mod:`esreason.experiments.variants`)."""
+    """What the methods' budgets match (key ``match``): 'flops', 'rollouts' or 'compute'
+    (:mod:`esreason.experiments.variants`)."""
     analysis: Any = None
     """Analyses run after the evaluations (key ``analysis``:
     :class:`esreason.analysis.offtask.settings.AnalysisSettings`); None or empty: none."""
@@ -126,7 +129,7 @@ class ExperimentSpec:
         return method.config if kind == "grpo" and method.config is not None else getattr(self, kind)
 
     def method_updates(self, method: MethodSpec) -> int:
-        """T of ``method``: its own (``match: rollouts``), else the experiment's ``updates``."""
+        """T of ``method``: its own (``match: rollouts | compute``), else the experiment's ``updates``."""
         return self.updates if method.updates is None else method.updates
 
     def trained_kinds(self) -> set[str]:
@@ -156,10 +159,16 @@ def run_stages(spec: "ExperimentSpec") -> list[tuple[str, str, int]]:
     'es', 'grpo' or 'eval' (updates 0). Names: ``train/<m>`` (a composition:
     ``train/<m>/stage<i>_<kind>``, T//2 + T - T//2 updates), ``eval/<m>``; with ``seeds`` every
     trained method once per seed under ``seed<s>/``, the base model (no training seed) once.
-    The table plan and the calibrated plan both price these."""
+    The table plan and the calibrated plan both price these (with their configs: :func:`run_stage_configs`)."""
+    return [(name, kind, updates) for name, kind, updates, _ in run_stage_configs(spec)]
+
+
+def run_stage_configs(spec: "ExperimentSpec") -> list[tuple[str, str, int, Any]]:
+    """:func:`run_stages` with each stage's run config: (name, kind, updates, config), the config a method
+    trains that stage with (a variant's own, GRPO's under ``match: rollouts | compute``; None for 'eval')."""
     from esreason.experiments.sequence import split_budget
 
-    out: list[tuple[str, str, int]] = []
+    out: list[tuple[str, str, int, Any]] = []
     for m in spec.methods:
         kinds = TRAINED.get(m.kind, ())
         budgets = (spec.method_updates(m),) if len(kinds) == 1 else split_budget(spec.updates) if kinds else ()
@@ -167,8 +176,8 @@ def run_stages(spec: "ExperimentSpec") -> list[tuple[str, str, int]]:
         for prefix in prefixes:
             for i, (kind, updates) in enumerate(zip(kinds, budgets), start=1):
                 name = f"{prefix}train/{m.name}" if len(kinds) == 1 else f"{prefix}train/{m.name}/stage{i}_{kind}"
-                out.append((name, kind, updates))
-            out.append((f"{prefix}eval/{m.name}", "eval", 0))
+                out.append((name, kind, updates, spec.stage_config(m, kind)))
+            out.append((f"{prefix}eval/{m.name}", "eval", 0, None))
     return out
 
 

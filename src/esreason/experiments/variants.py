@@ -1,28 +1,30 @@
 """GRPO variants as methods of an experiment, and the budget an experiment matches on.
 
 An experiment lists a variant among its methods by name. A preset (:data:`esreason.grpo.variants.PRESETS`:
-``dr_grpo``, ``dapo``, ``bnpo``, ``gspo``) needs nothing else; the ``variants`` mapping defines new
-ones or sets a preset's label, settings and family membership::
+``dr_grpo``, ``dapo``, ``bnpo``, ``gspo``, ``cispo``, ``sapo``, ``luspo``, ``vespo``) needs nothing else; the
+``variants`` mapping defines new ones or sets a preset's label, settings and family membership::
 
-    methods: [base, es, grpo, dr_grpo, dapo, gspo4]
+    methods: [base, es, grpo, dr_grpo, dapo, gspo2]
     variants:
-      gspo4:                                 # a new method name
+      gspo2:                                 # a new method name
         preset: gspo                         # optional: start from a preset's overlay
-        label: "GSPO (4 optimizer steps)"    # the report's row label (default: the preset's, else the name)
-        config: {grpo: {mini_batch_size: 4}} # overlay of configs.grpo, applied after the preset's
+        label: "GSPO (2 optimizer steps)"    # the report's row label (default: the preset's, else the name)
+        config: {grpo: {mini_batches: 2}}    # overlay of configs.grpo, applied after the preset's
         family: true                         # its claims against ES join the report's family (Holm)
       dapo: {family: true}
-    match: flops                             # or rollouts
+    match: flops                             # or rollouts, compute
 
 A variant is trained exactly as the ``grpo`` method is (kind ``grpo``, the same runner, checkpoints,
 evaluation and seeds) from configs.grpo with the overlays merged in, so it differs from GRPO only in
 what the overlays change; the experiment's ``model``, ``task`` and budget still win.
 
 ``match`` (:mod:`esreason.experiments.budget`): ``flops`` (default) gives every method the same T
-updates, which matches FLOPs when N = 4 G at equal B (the paper). ``rollouts`` keeps ES at T and gives
-every GRPO method (``grpo`` and each variant) T x (N x B_ES) / (B x G) updates, so each samples as many
-responses as ES; B and G (the group the objective is defined on) stay as configured. Compositions split
-one update budget between ES and GRPO stages and are refused under ``rollouts``.
+updates, which matches the paper's FLOP formula when N = 4 G at equal B (the paper). ``rollouts`` keeps ES
+at T and gives every GRPO method (``grpo`` and each variant) T x (N x B_ES) / (B x G) updates, so each
+samples as many responses as ES; B and G (the group the objective is defined on) stay as configured.
+``compute`` keeps ES at T and gives every GRPO method the updates at which its planned FLOPs as spent (its
+own forward-equivalents per token) equal ES's. Compositions split one update budget between ES and GRPO
+stages and are refused under ``rollouts`` and ``compute``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from esreason.config import ConfigError, build, merge
-from esreason.experiments.budget import MATCHES, rollout_matched_updates
+from esreason.experiments.budget import MATCHES, compute_matched_updates, rollout_matched_updates
 
 VARIANT_KEYS = ("preset", "label", "config", "family")
 COMPOSITIONS = ("es_grpo", "grpo_es")
@@ -123,7 +125,7 @@ def parse_variants(raw: Any, methods: Sequence[str], builtin: Sequence[str]) -> 
 
 
 def parse_match(value: Any) -> str:
-    """The ``match`` key: 'flops' (default) or 'rollouts'."""
+    """The ``match`` key: 'flops' (default), 'rollouts' or 'compute'."""
     value = "flops" if value is None else value
     if value not in MATCHES:
         raise ConfigError(f"config key 'match': expected one of {', '.join(MATCHES)}, got {value!r}")
@@ -142,16 +144,18 @@ def _grpo_config(mapping: Mapping[str, Any], model: str, task: str, updates: int
 
 def resolve_methods(methods: Sequence[Any], defs: Mapping[str, VariantDef], grpo_mapping: Mapping[str, Any] | None,
                     es_cfg: Any, model: str, task: str, updates: int, match: str) -> list[Any]:
-    """``methods`` (MethodSpecs) with every variant's GRPO config and, under ``match: rollouts``, every GRPO
-    method's own update count (``MethodSpec.config`` / ``updates``; None keeps the experiment's)."""
+    """``methods`` (MethodSpecs) with every variant's GRPO config and, under ``match: rollouts | compute``,
+    every GRPO method's own update count (``MethodSpec.config`` / ``updates``; None keeps the experiment's)."""
     trained_grpo = [m for m in methods if m.kind == "grpo"]
-    if match == "rollouts":
+    if match in ("rollouts", "compute"):
         comps = [m.name for m in methods if m.kind in COMPOSITIONS]
         if comps:
-            raise ConfigError(f"config key 'match': rollouts cannot be matched for the compositions {comps} (they "
-                              "split one update budget between ES and GRPO stages); use match: flops or drop them")
+            raise ConfigError(f"config key 'match': {match} cannot be matched for the compositions {comps}: they "
+                              "split one update budget between an ES and a GRPO stage (T//2 + T - T//2, the "
+                              f"paper's split), and equal {match} would need another split, which the paper does "
+                              "not define; use match: flops or drop them")
         if trained_grpo and es_cfg is None:
-            raise ConfigError("config key 'match': rollouts are matched to ES's, which needs configs.es")
+            raise ConfigError(f"config key 'match': {match} is matched to ES's, which needs configs.es")
     out = []
     for m in methods:
         if m.kind != "grpo":
@@ -162,9 +166,9 @@ def resolve_methods(methods: Sequence[Any], defs: Mapping[str, VariantDef], grpo
         key = f"variants.{m.name}" if d else "configs.grpo"
         cfg = _grpo_config(mapping or {}, model, task, updates, key) if d else None
         n = None
-        if match == "rollouts":
-            n = rollout_matched_updates(es_cfg, cfg or _grpo_config(mapping or {}, model, task, updates, key),
-                                        updates)
+        if match in ("rollouts", "compute"):
+            matcher = rollout_matched_updates if match == "rollouts" else compute_matched_updates
+            n = matcher(es_cfg, cfg or _grpo_config(mapping or {}, model, task, updates, key), updates)
             cfg = _grpo_config(mapping or {}, model, task, n, key)
         out.append(replace(m, config=cfg, updates=n, family=bool(d and d.family)))
     return out

@@ -39,17 +39,24 @@ class GRPOSettings:
     kl_ratio_correction: bool = False
     """Multiply the per-token k3 by the importance ratio (TRL's ``use_bias_correction_kl``, its
     default). Off: the plain k3 term verl adds (``low_var_kl``), which the paper's runs used."""
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = "grpo"
-    """How the per-token losses of an optimizer step are aggregated (TRL 1.16 ``GRPOConfig.loss_type``;
-    formulas in :func:`esreason.grpo.objective.aggregate`). 'grpo' (the paper's Eq.
-    grpo-clipped-objective; verl's ``seq-mean-token-mean``): each response's token mean, then the mean over
-    responses. 'dr_grpo' (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783): token
-    sum / (responses x generation.max_new_tokens), no length normalisation; Dr. GRPO also drops the std of
-    the advantage, which is ``standardize_advantages: false``, not this key. 'dapo' (Yu et al. 2025, arXiv
-    2503.14476, Sec. 3.3 "Token-Level Policy Gradient Loss"; verl's ``token-mean``): token sum / the
-    rollout batch's tokens per optimizer step. 'bnpo': token sum / tokens of each micro-batch (TRL's own;
-    equal to 'dapo' when one micro-batch holds the whole optimizer step, else it depends on
-    ``micro_batch_size``)."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "grpo"
+    """The per-token loss and how an optimizer step aggregates it (TRL 1.16 ``GRPOConfig.loss_type``; formulas
+    and sources in :mod:`esreason.grpo.objective` and docs/grpo-variants.md). The clipped surrogate with four
+    aggregations: 'grpo' (the paper's Eq. grpo-clipped-objective; verl's ``seq-mean-token-mean``): each
+    response's token mean, then the mean over responses. 'dr_grpo' (Liu et al. 2025, "Understanding
+    R1-Zero-Like Training", arXiv 2503.20783): token sum / (responses x generation.max_new_tokens), no length
+    normalisation; Dr. GRPO also drops the std of the advantage, which is ``standardize_advantages: false``,
+    not this key. 'dapo' (Yu et al. 2025, arXiv 2503.14476, Sec. 3.3 "Token-Level Policy Gradient Loss";
+    verl's ``token-mean``): token sum / the rollout batch's tokens per optimizer step. 'bnpo': token sum /
+    tokens of each micro-batch (TRL's own; equal to 'dapo' when one micro-batch holds the whole optimizer
+    step, else it depends on ``micro_batch_size``). TRL's other losses: 'cispo' (MiniMax-M1, arXiv
+    2506.13585: the importance weight clipped at epsilon_high and detached, times A log pi; 'dapo'
+    aggregation), 'sapo' (arXiv 2511.20347: a sigmoid gate of temperature 1.0 / 1.05 for A > 0 / A <= 0 in
+    place of the clip; 'grpo' aggregation), 'luspo' (arXiv 2602.05261: the clipped surrogate summed over each
+    response's tokens, then the mean over responses; meant for ``importance_sampling_level: sequence``),
+    'vespo' (arXiv 2602.10693: a Gamma weight of the sequence ratio, detached, times A log pi; 'dapo'
+    aggregation; TRL's k / lambda 2, 3 for A >= 0 and 3, 2 for A < 0). SAPO's and VESPO's constants are
+    TRL 1.16's defaults, passed explicitly."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """Importance ratio per token (PPO/GRPO, the paper) or per response: exp of the response's mean log
     ratio, clipped per response (GSPO: Zheng et al. 2025, arXiv 2507.18071, its ratio s_i; TRL 1.16
@@ -69,8 +76,14 @@ class GRPOSettings:
     (one reading of the Easy table's "group-relative advantages")."""
     mini_batch_size: int | None = None
     """Prompts per optimizer step (verl's PPO mini-batch, counted in prompts; paper Easy: 32).
-    One update consumes one rollout batch of train.batch_size prompts and makes
-    train.batch_size / mini_batch_size optimizer steps. None = train.batch_size (one step)."""
+    One update consumes one rollout batch of train.batch_size prompts and makes train.batch_size / mini_batch_size
+    optimizer steps. None = train.batch_size (one step), or what ``mini_batches`` says."""
+    mini_batches: int | None = None
+    """Optimizer steps per update, the other way to set the mini-batch: the rollout batch is split into this many
+    mini-batches of train.batch_size / mini_batches prompts (GSPO, arXiv 2507.18071 Sec. 5.1: 4; DAPO, arXiv
+    2503.14476 Sec. 4.1: 16). Set this or ``mini_batch_size``, not both; None = ``mini_batch_size``'s. From the
+    second mini-batch on, the update trains on responses an earlier policy sampled: the importance ratios move
+    off 1 and the clip acts (TRL then computes the behaviour log-probabilities at generation time)."""
     micro_batch_size: int = 2
     """Sequences per forward/backward pass (verl's PPO micro-batch; paper Easy: 2). Only
     memory and speed depend on it, not the update (except with ``loss_type: bnpo``, whose normaliser is
@@ -89,6 +102,18 @@ class GRPOSettings:
     """Linear learning-rate warmup, in updates (rollout batches); converted to optimizer steps."""
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
     """Schedule after warmup (verl's default: constant)."""
+    reference_dtype: Literal["policy", "float32", "bfloat16", "float16"] = "policy"
+    """dtype of the KL reference model (built only when beta != 0). 'policy': TRL 1.16's choice, the policy's
+    dtype (``GRPOTrainer.__init__`` sets ``model_init_kwargs['dtype']`` to ``model.dtype`` when none is given),
+    i.e. ``dtype``; fp32 with the fp32 masters of the shipped GPU configs. 'bfloat16' halves its memory (the
+    plan shows by how much) and is what verl's reference worker uses under bf16; it moves the k3 term by bf16
+    rounding of the reference log-probabilities."""
+    soft_overlong_punishment: float = 0.0
+    """DAPO's soft overlong punishment (arXiv 2503.14476, Sec. 3.4, Eq. 13) as a share of
+    generation.max_new_tokens: a response longer than max_new_tokens x (1 - share) gets a reward penalty growing
+    linearly to -1 at the limit (TRL 1.16 ``trl.rewards.get_soft_overlong_punishment`` with
+    soft_punish_cache = round(share x max_new_tokens), added to the task reward with weight 1). DAPO Sec. 4.1: a
+    4,096-token cache at a 20,480-token limit, 0.2. 0 = off (the paper's GRPO)."""
     mask_truncated_completions: bool = False
     """Exclude responses cut at generation.max_new_tokens (no end-of-sequence token) from the loss: their
     tokens leave the loss mask and, for 'dapo', its token count (TRL 1.16 ``mask_truncated_completions``).
@@ -178,7 +203,18 @@ def _validate_grpo(cfg: GRPORunConfig) -> None:
     if g.mini_batch_size is not None:
         require(g.mini_batch_size >= 1 and b % g.mini_batch_size == 0, "grpo.mini_batch_size",
                 f"must divide train.batch_size={b} (got {g.mini_batch_size})")
-    mini = g.mini_batch_size or b
+    if g.mini_batches is not None:
+        require(g.mini_batch_size is None, "grpo.mini_batches",
+                f"sets the mini-batch as grpo.mini_batch_size={g.mini_batch_size} does: set one of the two "
+                "(null the other)")
+        require(g.mini_batches >= 1 and b % g.mini_batches == 0, "grpo.mini_batches",
+                f"must divide train.batch_size={b} into whole mini-batches of prompts (got {g.mini_batches})")
+    require(0 <= g.soft_overlong_punishment < 1, "grpo.soft_overlong_punishment",
+            f"must be in [0, 1) (got {g.soft_overlong_punishment})")
+    require(g.soft_overlong_punishment == 0 or overlong_cache_tokens(cfg) >= 1, "grpo.soft_overlong_punishment",
+            f"{g.soft_overlong_punishment} x generation.max_new_tokens={cfg.generation.max_new_tokens} rounds to "
+            "no token; raise it or set 0")
+    mini = mini_batch_prompts(cfg)
     require(g.micro_batch_size >= 1 and (mini * g.num_generations) % g.micro_batch_size == 0,
             "grpo.micro_batch_size",
             f"must divide the {mini * g.num_generations} sequences of one optimizer step "
@@ -197,6 +233,20 @@ def _validate_grpo(cfg: GRPORunConfig) -> None:
             f"is used only with grpo.vllm_mode: server (got mode {g.vllm_mode!r})")
     require(g.rollouts == "auto" or not g.use_vllm, "grpo.rollouts",
             f"{g.rollouts!r} names the engine without vLLM; with grpo.use_vllm: true keep 'auto'")
+
+
+def mini_batch_prompts(cfg: GRPORunConfig) -> int:
+    """Prompts per optimizer step: ``grpo.mini_batch_size``, else train.batch_size / ``grpo.mini_batches``, else
+    train.batch_size (one optimizer step per update)."""
+    g, b = cfg.grpo, cfg.train.batch_size
+    if g.mini_batch_size is not None:
+        return g.mini_batch_size
+    return b // g.mini_batches if g.mini_batches else b
+
+
+def overlong_cache_tokens(cfg: GRPORunConfig) -> int:
+    """DAPO's soft punish cache in tokens: round(grpo.soft_overlong_punishment x generation.max_new_tokens)."""
+    return int(round(cfg.grpo.soft_overlong_punishment * cfg.generation.max_new_tokens))
 
 
 def validate(cfg: GRPORunConfig) -> None:
@@ -219,4 +269,4 @@ def load_grpo_config(path: str | Path | None = None, overrides: Sequence[str] = 
 
 
 __all__ = ["GRPOCheckpointConfig", "GRPOGenerationConfig", "GRPORunConfig", "GRPOSettings", "load_grpo_config",
-           "validate"]
+           "mini_batch_prompts", "overlong_cache_tokens", "validate"]

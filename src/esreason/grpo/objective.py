@@ -79,8 +79,17 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: to
     return -torch.min(ratio * adv, clipped * adv)
 
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
-"""The aggregations of TRL 1.16 that share the clipped surrogate (``grpo.loss_type``)."""
+CLIPPED_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "luspo")
+"""TRL 1.16 losses built on the clipped surrogate; they differ in the aggregation (``grpo.loss_type``)."""
+LOSS_TYPES = CLIPPED_LOSSES + ("cispo", "sapo", "vespo")
+"""Every ``grpo.loss_type`` (TRL 1.16 ``GRPOConfig.loss_type``)."""
+#: How each loss type aggregates its per-token losses (TRL 1.16 ``GRPOTrainer._compute_loss``).
+AGGREGATION = {"grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "dapo", "bnpo": "bnpo", "luspo": "luspo",
+               "cispo": "dapo", "sapo": "grpo", "vespo": "dapo"}
+#: TRL 1.16's GRPOConfig defaults for SAPO's gate temperatures (A > 0, A <= 0) and VESPO's Gamma weight
+#: (k, lambda for A >= 0 and for A < 0); :func:`esreason.grpo.trainer.build_trl_args` passes the same values.
+SAPO_TEMPERATURES = (1.0, 1.05)
+VESPO_K_LAMBDA = ((2.0, 3.0), (3.0, 2.0))
 IMPORTANCE_LEVELS = ("token", "sequence")
 
 
@@ -120,7 +129,8 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str = "grp
     - ``grpo``: mean_i (sum_t m l / sum_t m) (per-response token mean, then the mean over responses; the paper);
     - ``dr_grpo``: sum_it m l / (N * max_completion_length) (a constant normaliser: Dr. GRPO);
     - ``bnpo``: sum_it m l / sum_it m (token mean over this batch);
-    - ``dapo``: sum_it m l / num_items (default: this batch's tokens).
+    - ``dapo``: sum_it m l / num_items (default: this batch's tokens);
+    - ``luspo``: mean_i (sum_t m l) (each response's token sum, so a response weighs its length: LUSPO).
 
     In a run, TRL accumulates micro-batches: per optimizer step, 'grpo' and 'dr_grpo' equal this function on
     the step's responses (micro-batches hold equally many responses); 'bnpo' is the mean over the micro-batches
@@ -140,7 +150,26 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str = "grp
     if loss_type == "dapo":
         n = maskf.sum() if num_items is None else torch.as_tensor(num_items, dtype=per_token.dtype)
         return masked.sum() / n.clamp(min=1.0)
-    raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if loss_type == "luspo":
+        return masked.sum(-1).mean()
+    raise ValueError(f"loss_type must name an aggregation, one of {tuple(dict.fromkeys(AGGREGATION.values()))}, "
+                     f"got {loss_type!r}")
+
+
+def gamma_weight(log_ratio: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """VESPO's sequence weight phi(w) = exp(lambda + k log w - lambda w), w = exp(sum_t log rho_t) (a sum,
+    not GSPO's mean; log rho clamped to [-20, 20], log w to [log 1e-8, 20]), k / lambda by the sign of A
+    (:data:`VESPO_K_LAMBDA`); phi(1) = 1. Detached, as in TRL 1.16 ``get_gamma_weights``. Returns [N, 1]."""
+    import math
+
+    with torch.no_grad():
+        seq = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)  # [N, 1]
+        log_w = torch.clamp(seq, math.log(1e-8), 20.0)
+        nonneg = advantages.unsqueeze(1) >= 0  # [N, 1]
+        (kp, lp), (kn, ln) = VESPO_K_LAMBDA
+        k = torch.where(nonneg, torch.tensor(kp, dtype=log_w.dtype), torch.tensor(kn, dtype=log_w.dtype))
+        lam = torch.where(nonneg, torch.tensor(lp, dtype=log_w.dtype), torch.tensor(ln, dtype=log_w.dtype))
+        return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
@@ -149,8 +178,10 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
               importance_sampling_level: str = "token", max_completion_length: int | None = None,
               num_items: float | torch.Tensor | None = None) -> LossParts:
     """The GRPO loss on a batch of responses (Eq. grpo-clipped-objective + beta * KL; the paper's with the
-    defaults), and its variants: ``loss_type`` (:func:`aggregate`) and ``importance_sampling_level``
-    (:func:`log_importance_weights`; GSPO: 'sequence').
+    defaults), and its variants: ``loss_type`` (the per-token loss and :func:`aggregate`: :data:`AGGREGATION`)
+    and ``importance_sampling_level`` (:func:`log_importance_weights`; GSPO: 'sequence'). TRL 1.16's per-token
+    losses: the clipped surrogate (:data:`CLIPPED_LOSSES`); 'cispo' -sg(min(rho, epsilon_high)) A log pi;
+    'sapo' -sigmoid(tau (rho - 1)) 4 / tau A; 'vespo' -sg(phi(w)) A log pi (:func:`gamma_weight`).
 
     logp: [N, T] log pi_theta of the sampled tokens (differentiable); old_logp: [N, T]
     behaviour-policy log-probs; advantages: [N]; mask: [N, T] 1 on response tokens;
@@ -158,9 +189,20 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     multiplies k3 by the importance ratio (TRL's use_bias_correction_kl; per response with GSPO).
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     ratio = torch.exp(log_importance_weights(logp, old_logp, mask, importance_sampling_level))  # [N, T] or [N, 1]
     adv = advantages.unsqueeze(1).to(logp.dtype)  # [N, 1]
-    per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv)  # [N, T] or [N, 1]
+    if loss_type == "cispo":  # the weight clipped from above and detached; the gradient is A grad log pi
+        per_token = -torch.clamp(ratio, max=eps_high).detach() * adv * logp  # [N, T]
+    elif loss_type == "sapo":  # a smooth gate in place of the clip; its slope at rho = 1 is GRPO's
+        pos, neg = SAPO_TEMPERATURES
+        tau = torch.where(adv > 0, torch.tensor(pos, dtype=logp.dtype), torch.tensor(neg, dtype=logp.dtype))
+        per_token = -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv  # [N, T] or [N, 1]
+    elif loss_type == "vespo":
+        per_token = -gamma_weight(logp - old_logp, mask.to(logp.dtype), advantages.to(logp.dtype)) * adv * logp
+    else:
+        per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv)  # [N, T] or [N, 1]
     maskf = mask.to(logp.dtype)  # [N, T]
     kl_mean = None
     if beta != 0.0:
@@ -171,10 +213,16 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
             kl = kl * ratio
         per_token = per_token + beta * kl  # [N, T]
         kl_mean = (kl * maskf).sum() / maskf.sum().clamp(min=1.0)
-    loss = aggregate(per_token, mask, loss_type, max_completion_length=max_completion_length, num_items=num_items)
+    loss = aggregate(per_token, mask, AGGREGATION[loss_type], max_completion_length=max_completion_length,
+                     num_items=num_items)
     r = ratio.detach()
-    low = ((r < 1 - epsilon) & (adv < 0)).to(logp.dtype)  # [N, T] or [N, 1]
-    high = ((r > 1 + eps_high) & (adv > 0)).to(logp.dtype)
+    if loss_type == "cispo":  # TRL's cispo_clip_ratio: weights above epsilon_high with A > 0
+        low, high = torch.zeros_like(r * adv), ((r > eps_high) & (adv > 0)).to(logp.dtype)
+    elif loss_type in CLIPPED_LOSSES:
+        low = ((r < 1 - epsilon) & (adv < 0)).to(logp.dtype)  # [N, T] or [N, 1]
+        high = ((r > 1 + eps_high) & (adv > 0)).to(logp.dtype)
+    else:  # no clip (SAPO's gate, VESPO's weight)
+        low = high = torch.zeros_like(r * adv)
     if r.size(1) == 1:  # one ratio per response: the fraction of responses
         clip_low, clip_high = low.mean(), high.mean()
     else:
@@ -201,5 +249,6 @@ def completion_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt
     return logps.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # [N, C]
 
 
-__all__ = ["IMPORTANCE_LEVELS", "LOSS_TYPES", "LossParts", "aggregate", "clipped_surrogate", "completion_logprobs",
+__all__ = ["AGGREGATION", "CLIPPED_LOSSES", "IMPORTANCE_LEVELS", "LOSS_TYPES", "LossParts", "SAPO_TEMPERATURES",
+           "VESPO_K_LAMBDA", "aggregate", "clipped_surrogate", "completion_logprobs", "gamma_weight",
            "group_advantages", "grpo_loss", "k3_kl", "log_importance_weights"]

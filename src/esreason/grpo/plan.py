@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from esreason.errors import UserError
-from esreason.grpo.config import GRPORunConfig
+from esreason.grpo.config import GRPORunConfig, mini_batch_prompts
 
 
 @dataclass(frozen=True)
@@ -130,13 +130,13 @@ def updates_per_epoch(num_problems: int, batch_size: int) -> int:
 def check_divisible(cfg: GRPORunConfig, num_processes: int) -> None:
     """Raise UserError unless P processes split every optimizer step into whole micro-batches.
 
-    The condition is (mini x G) % (micro x P) == 0 with mini = grpo.mini_batch_size or
-    train.batch_size (it implies (B x G) % (micro x P) == 0, since mini divides B).
+    The condition is (mini x G) % (micro x P) == 0 with mini the prompts per optimizer step
+    (:func:`esreason.grpo.config.mini_batch_prompts`; it implies (B x G) % (micro x P) == 0, since mini divides B).
     """
     tr, g = cfg.train, cfg.grpo
     if num_processes < 1:
         raise UserError(f"number of processes must be >= 1 (got {num_processes})")
-    mini = g.mini_batch_size or tr.batch_size
+    mini = mini_batch_prompts(cfg)
     step_seqs = mini * g.num_generations
     per_step = g.micro_batch_size * num_processes
     if step_seqs % per_step:
@@ -163,7 +163,7 @@ def plan_batches(cfg: GRPORunConfig, num_problems: int, num_processes: int = 1) 
                         f"split of task {cfg.task!r} has only {num_problems} problems")
     total = tr.max_steps if tr.max_steps is not None else tr.epochs * per_epoch
     return BatchPlan(prompts_per_update=tr.batch_size, generations=g.num_generations,
-                     prompts_per_optimizer_step=g.mini_batch_size or tr.batch_size,
+                     prompts_per_optimizer_step=mini_batch_prompts(cfg),
                      sequences_per_micro_batch=g.micro_batch_size, updates_per_epoch=per_epoch,
                      total_updates=total, num_processes=num_processes)
 
@@ -180,7 +180,7 @@ def trl_forwards(cfg: GRPORunConfig, num_processes: int = 1) -> dict[str, int]:
       != 0``, or with ``vllm_importance_sampling_correction`` under vLLM, which
       :func:`esreason.grpo.trainer.build_trl_args` turns off (and sets num_iterations = 1). So it runs
       exactly when an update makes more than one optimizer step (``grpo.mini_batch_size`` <
-      ``train.batch_size``), as the paper's Easy config does (B / mini = 2);
+      ``train.batch_size``, or ``grpo.mini_batches`` > 1), as the paper's Easy config does (B / mini = 2);
     - ``reference``: 1 when ``grpo.beta != 0`` (the same function, ``ref_per_token_logps`` under no_grad).
 
     Both extra forwards run under ``torch.no_grad`` with checkpointing disabled
@@ -190,7 +190,7 @@ def trl_forwards(cfg: GRPORunConfig, num_processes: int = 1) -> dict[str, int]:
     g = cfg.grpo
     check_divisible(cfg, num_processes)
     shape = BatchPlan(prompts_per_update=cfg.train.batch_size, generations=g.num_generations,
-                      prompts_per_optimizer_step=g.mini_batch_size or cfg.train.batch_size,
+                      prompts_per_optimizer_step=mini_batch_prompts(cfg),
                       sequences_per_micro_batch=g.micro_batch_size, updates_per_epoch=1, total_updates=1,
                       num_processes=num_processes)
     num_iterations = 1  # build_trl_args
@@ -199,4 +199,23 @@ def trl_forwards(cfg: GRPORunConfig, num_processes: int = 1) -> dict[str, int]:
             "reference": int(g.beta != 0.0)}
 
 
-__all__ = ["BatchPlan", "check_divisible", "plan_batches", "trl_forwards", "updates_per_epoch"]
+def passes_per_token(cfg: GRPORunConfig, num_processes: int = 1) -> dict[str, int]:
+    """Forward-equivalents (a backward counts 2) TRL 1.16 spends per generated token of an update, by part:
+
+    - ``sample``: 1, the rollout's decoding forward (vLLM or ``generate``);
+    - ``forward``: 1 and ``backward``: 2, the loss forward and its backward (``train`` of :func:`trl_forwards`);
+    - ``recompute``: 1 with ``grpo.gradient_checkpointing``;
+    - ``old_policy``: 1 when an update makes several optimizer steps (the behaviour log-probabilities);
+    - ``reference``: 1 when ``grpo.beta != 0``.
+
+    Each generated token is trained on once per update (``num_iterations`` 1), whatever the optimizer steps.
+    The paper's 8 P L per response (appendix "ES-GRPO FLOP Matching") counts 4 of these, one policy forward,
+    the reference forward and the backward (``paper``: 4 whatever the config). Prompt tokens and padding are
+    left out of both counts, as L leaves them out.
+    """
+    f = trl_forwards(cfg, num_processes)
+    return {"sample": 1, "forward": 1, "backward": 2, "recompute": f["recompute"], "old_policy": f["old_logps"],
+            "reference": f["reference"]}
+
+
+__all__ = ["BatchPlan", "check_divisible", "passes_per_token", "plan_batches", "trl_forwards", "updates_per_epoch"]

@@ -79,6 +79,21 @@ class CheckedReward:
                            completion_ids=completion_ids, **kwargs)
 
 
+def overlong_reward(cfg: Any) -> Any | None:
+    """DAPO's soft overlong punishment for ``cfg`` (``grpo.soft_overlong_punishment`` > 0): TRL 1.16's
+    ``get_soft_overlong_punishment`` with L_max = generation.max_new_tokens and L_cache the share of it
+    (:func:`esreason.grpo.config.overlong_cache_tokens`); a second reward function, weight 1 (TRL adds the
+    weighted rewards before the group advantage). None when off."""
+    from esreason.grpo.config import overlong_cache_tokens
+
+    if not cfg.grpo.soft_overlong_punishment:
+        return None
+    from trl.rewards import get_soft_overlong_punishment
+
+    return get_soft_overlong_punishment(max_completion_len=cfg.generation.max_new_tokens,
+                                        soft_punish_cache=overlong_cache_tokens(cfg))
+
+
 def trl_rewards(problems: Sequence[Problem], tokenizer: Any, scorer: Any) -> tuple[list[Any], list[float], list[dict[str, Any]]]:
     """(reward functions, their weights, dataset rows) to hand TRL for ``problems`` scored by ``scorer``.
 
@@ -101,4 +116,14 @@ def trl_rewards(problems: Sequence[Problem], tokenizer: Any, scorer: Any) -> tup
     return [TaskReward(problems, tokenizer, scorer)], [1.0], rows
 
 
-__all__ = ["PROBLEM_COLUMN", "CheckedReward", "TaskReward", "trl_rewards"]
+def reward_functions(cfg: Any, problems: Sequence[Problem], tokenizer: Any, scorer: Any
+                     ) -> tuple[list[Any], int, list[dict[str, Any]]]:
+    """(reward functions, how many of them are the task's, dataset rows) of a GRPO run: the task's
+    (:func:`trl_rewards`) and, with ``grpo.soft_overlong_punishment``, DAPO's overlong penalty after them
+    (:func:`overlong_reward`; its weight 1 is in :func:`esreason.grpo.trainer.build_trl_args`)."""
+    funcs, _, rows = trl_rewards(problems, tokenizer, scorer)
+    overlong = overlong_reward(cfg)
+    return funcs + ([overlong] if overlong is not None else []), len(funcs), rows
+
+
+__all__ = ["PROBLEM_COLUMN", "CheckedReward", "TaskReward", "overlong_reward", "reward_functions", "trl_rewards"]

@@ -260,7 +260,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
     from esreason.es_loop.run import make_heldout
     from esreason.grpo import callbacks as cb
     from esreason.grpo.plan import plan_batches
-    from esreason.grpo.reward import trl_rewards
+    from esreason.grpo.reward import reward_functions
     from esreason.grpo.rollouts import SamplerRollouts, uses_sampler
     from esreason.grpo.trainer import PaperGRPOTrainer, check_trl_version, make_grpo_config, trl_args_for_run
     from esreason.io import MetricsLogger, RunDir, atomic_directory, progress_bar
@@ -280,7 +280,9 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
 
     # Task data first: a bad dataset fails before the model is loaded.
     if cfg.tasks_dir:
-        tasks.add_tasks_dir(cfg.tasks_dir)
+        from esreason.tasks.registry import add_tasks_dir
+
+        add_tasks_dir(cfg.tasks_dir)
     task = tasks.get(cfg.task)
     problems = task.load(cfg.train.split, cfg.data_path, cfg.train.limit)
     if cfg.train.stream_start is not None:  # a composition stage: its prompts in stream order, unshuffled
@@ -298,7 +300,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
 
     pass_threshold = scorer.pass_threshold if isinstance(scorer, RewardFunctions) else None
     if pass_threshold is not None:  # a task of reward functions: TRL combines them with their weights
-        trl_kwargs["reward_weights"] = [float(w) for w in scorer.weights]
+        trl_kwargs["reward_weights"] = [float(w) for w in scorer.weights] + trl_kwargs["reward_weights"][1:]
     # Under a launcher this sets up the process group (TrainingArguments -> accelerate.PartialState).
     grpo_args = make_grpo_config(trl_kwargs)
     # The run directory is checked once the process group is up: across machines every process must
@@ -371,13 +373,14 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         rollout_func = None
         if uses_sampler(cfg.grpo.rollouts, use_vllm=cfg.grpo.use_vllm, device=cfg.device):
             rollout_func = SamplerRollouts(cfg.train.seed, batch_size=plan.sequences_per_update)
-        reward_funcs, _, rows = trl_rewards(problems, tokenizer, scorer)  # weights: trl_kwargs["reward_weights"]
+        # The task's rewards and DAPO's overlong penalty; their weights are trl_kwargs["reward_weights"]
+        reward_funcs, task_rewards, rows = reward_functions(cfg, problems, tokenizer, scorer)
         with known_library_noise():  # TRL's "experimental feature" warning for a rollout_func
             trainer = PaperGRPOTrainer(
                 model=model, reward_funcs=reward_funcs, args=grpo_args,
                 train_dataset=_build_dataset(rows), processing_class=tokenizer, callbacks=callbacks,
                 standardize_advantages=cfg.grpo.standardize_advantages, rollout_func=rollout_func,
-                pass_threshold=pass_threshold)
+                pass_threshold=pass_threshold, task_rewards=task_rewards)
         _remove_console_callbacks(trainer)
         if logger is not run_log:  # W&B: the completions table from TRL's last rollouts
             from esreason.grpo.wandb_table import grpo_completions

@@ -18,7 +18,9 @@ a linearly decaying learning rate, no weight decay).
    replay epoch 0's order.
 3. **Rollout budget**: every update's metrics row gets ``rollouts`` (responses sampled, all processes)
    and ``tokens`` (their generated tokens), the counts ES logs too (:mod:`esreason.experiments.budget`).
-4. Nothing else: generation, the loss, KL, clipping, logging and checkpointing are TRL's.
+4. **Importance ratio**: every micro-step logs ``importance_ratio/abs_log_mean``, how far the policy
+   has moved from the one that sampled the rollouts (0 on-policy; :meth:`PaperGRPOTrainer._log_importance_ratio`).
+5. Nothing else: generation, the loss, KL, clipping, logging and checkpointing are TRL's.
    (On the CPU twin only, a colocated vLLM-CPU engine's repacked linears are made loadable
    again so that TRL's weight push works: :mod:`esreason.backends.vllm_cpu`.)
 """
@@ -37,7 +39,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 from esreason.grpo.config import GRPORunConfig
-from esreason.grpo.objective import group_advantages
+from esreason.grpo.objective import SAPO_TEMPERATURES, VESPO_K_LAMBDA, group_advantages
 from esreason.grpo.plan import BatchPlan
 
 TRL_VERSION = "1.16.0"
@@ -84,14 +86,18 @@ class PaperGRPOTrainer(GRPOTrainer):
     pass_threshold: set for a task of the user's own reward functions (TRL calls them directly): the
         trainer then logs ``reward/mean``, ``accuracy/mean`` (reward >= pass_threshold) and ``format/mean``
         (reward > 0) from the combined rewards, the keys our task reward logs for verifier tasks.
+    task_rewards: how many of the leading reward functions are the task's (the rest, DAPO's overlong
+        penalty, shape the advantage but not those metrics); None: all.
     """
 
     def __init__(self, *args: Any, standardize_advantages: bool = True, pass_threshold: float | None = None,
-                 **kwargs: Any) -> None:
+                 task_rewards: int | None = None, **kwargs: Any) -> None:
         self.standardize_advantages = standardize_advantages
         self.pass_threshold = pass_threshold
+        self.task_rewards = task_rewards
         self._last_rewards_per_func: torch.Tensor | None = None
         self._last_local_tokens = 0
+        self._loss_inputs: Any = None
         super().__init__(*args, **kwargs)
         self.vllm_cpu_layers = self._keep_cpu_engine_loadable()
 
@@ -118,6 +124,35 @@ class PaperGRPOTrainer(GRPOTrainer):
             shuffle=self.shuffle_dataset,
             seed=self.args.seed,
         )
+
+    def _compute_loss(self, model: Any, inputs: Any) -> torch.Tensor:
+        self._loss_inputs = inputs  # read by _get_per_token_logps_and_entropies for the ratio metric
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._loss_inputs = None
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        inputs = getattr(self, "_loss_inputs", None)
+        if inputs is not None:  # the loss forward of a micro-step (not a scoring forward)
+            self._log_importance_ratio(out[0], inputs)
+        return out
+
+    def _log_importance_ratio(self, logps: torch.Tensor, inputs: Any) -> None:
+        """``importance_ratio/abs_log_mean``: the token mean of |log pi_theta - log pi_old| of the micro-step
+        (every process's tokens; a collective). Exactly 0 when TRL trains on-policy (no behaviour log-probs:
+        it takes the current ones, detached); above 0 from the second mini-batch of an update on, where the
+        ratios the clip or gate acts on move off 1."""
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        old = inputs.get("old_per_token_logps")
+        diff = torch.zeros_like(logps) if old is None else (logps.detach() - old).abs()  # [N, C]
+        m = mask.to(diff.dtype)
+        totals = self.accelerator.reduce(torch.stack([(diff * m).sum(), m.sum()]), reduction="sum")
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["importance_ratio/abs_log_mean"].append(float(totals[0] / totals[1].clamp(min=1.0)))
 
     def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> torch.Tensor:
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -151,9 +186,12 @@ class PaperGRPOTrainer(GRPOTrainer):
         scored = rewards[~torch.isnan(rewards)].double()
         self._metrics[mode]["reward/std"].append(float(scored.std(unbiased=False)) if scored.numel() else 0.0)
         if self.pass_threshold is not None and scored.numel():
-            self._metrics[mode]["reward/mean"].append(float(scored.mean()))
-            self._metrics[mode]["accuracy/mean"].append(float((scored >= self.pass_threshold).double().mean()))
-            self._metrics[mode]["format/mean"].append(float((scored > 0).double().mean()))
+            n_task = self.task_rewards or rewards_per_func.size(1)  # the task's functions (no overlong penalty)
+            task = (rewards_per_func[:, :n_task] * weights[:n_task].unsqueeze(0)).nansum(dim=1)
+            task = task[~torch.isnan(rewards)].double()
+            self._metrics[mode]["reward/mean"].append(float(task.mean()))
+            self._metrics[mode]["accuracy/mean"].append(float((task >= self.pass_threshold).double().mean()))
+            self._metrics[mode]["format/mean"].append(float((task > 0).double().mean()))
         n_local = output["advantages"].size(0)
         start = self.accelerator.process_index * n_local
         local = advantages[start:start + n_local]
@@ -236,11 +274,18 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path,
         "epsilon": g.epsilon,
         "epsilon_high": g.epsilon if g.epsilon_high is None else g.epsilon_high,
         "delta": None,
+        # TRL 1.16's constants of its other losses, explicit (esreason.grpo.objective: SAPO, VESPO)
+        "sapo_temperature_pos": SAPO_TEMPERATURES[0],
+        "sapo_temperature_neg": SAPO_TEMPERATURES[1],
+        "vespo_k_pos": VESPO_K_LAMBDA[0][0],
+        "vespo_lambda_pos": VESPO_K_LAMBDA[0][1],
+        "vespo_k_neg": VESPO_K_LAMBDA[1][0],
+        "vespo_lambda_neg": VESPO_K_LAMBDA[1][1],
         "beta": g.beta,
         "use_bias_correction_kl": g.kl_ratio_correction,
         "scale_rewards": "group" if g.standardize_advantages else "none",  # replaced by ours (ddof 0)
         "multi_objective_aggregation": "sum_then_normalize",
-        "reward_weights": [1.0],
+        "reward_weights": [1.0] + ([1.0] if g.soft_overlong_punishment else []),  # + DAPO's overlong penalty
         "mask_truncated_completions": g.mask_truncated_completions,
         "top_entropy_quantile": 1.0,
         "entropy_coef": 0.0,
@@ -269,7 +314,7 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path,
         "generation_kwargs": None,
         "use_vllm": g.use_vllm,
         **vllm_args(cfg, prompt_tokens),
-        "model_init_kwargs": {"device_map": None},  # the KL reference: see the docstring
+        "model_init_kwargs": reference_init_kwargs(cfg),  # the KL reference: see the docstring
         "vllm_importance_sampling_correction": False,  # verl recomputes old log-probs; no vLLM-vs-trainer IS
         "use_transformers_continuous_batching": False,
         "pad_to_multiple_of": None,
@@ -293,6 +338,17 @@ def build_trl_args(cfg: GRPORunConfig, plan: BatchPlan, output_dir: str | Path,
         "eval_strategy": "no",
         "ignore_data_skip": False,
     }
+
+
+def reference_init_kwargs(cfg: GRPORunConfig) -> dict[str, Any]:
+    """``GRPOConfig.model_init_kwargs``, which TRL 1.16 applies to the KL reference only (the policy is passed
+    loaded): ``device_map=None`` (:func:`build_trl_args`) and, with ``grpo.reference_dtype`` other than
+    'policy', its dtype (TRL defaults it to the policy's: ``model_init_kwargs.setdefault("dtype",
+    self.model.dtype)``)."""
+    out: dict[str, Any] = {"device_map": None}
+    if cfg.grpo.reference_dtype != "policy":
+        out["dtype"] = cfg.grpo.reference_dtype
+    return out
 
 
 def vllm_args(cfg: GRPORunConfig, prompt_tokens: int | None = None) -> dict[str, Any]:
@@ -362,4 +418,5 @@ def make_grpo_config(kwargs: dict[str, Any]) -> GRPOConfig:
 
 
 __all__ = ["EpochSeededRepeatSampler", "PaperGRPOTrainer", "TRL_VERSION", "build_trl_args", "check_trl_version",
-           "epoch_seed", "longest_prompt_tokens", "make_grpo_config", "trl_args_for_run", "vllm_args"]
+           "epoch_seed", "longest_prompt_tokens", "make_grpo_config", "reference_init_kwargs", "trl_args_for_run",
+           "vllm_args"]

@@ -1,7 +1,8 @@
 """The gain-vs-forgetting figure: in-domain Pass@1 gain (y) against off-task KL and held-out change (x).
 
-Left panel: off-task KL(base || tuned) in nats per token (x) vs in-domain Pass@1 gain over Base in
-percentage points (y). Right panel: held-out Pass@1 change (x, negative = forgotten) vs the same gain.
+Panels, left to right: off-task KL(base || tuned) per sequence (summed over tokens, nats per response),
+the same per token (length-normalised, nats per token), and the held-out Pass@1 change (negative =
+forgotten), each (x) against the in-domain Pass@1 gain over Base in percentage points (y).
 Base sits at the origin of both. Whiskers: the 95 % intervals of :mod:`esreason.report.drift` on both
 axes; with several training seeds each seed is drawn faint with its problem-only whiskers beside the
 mean over seeds (see :func:`_panel`). A method keeps its colour and marker from the other figures (:func:`esreason.report.plots.styles`).
@@ -103,8 +104,11 @@ def plot_drift(table: DriftTable, style: Mapping[str, Style], path: Path, title:
     if not rows:
         return None
     panels = []
+    if any(r.kl_sequence is not None for r in rows):
+        panels.append((lambda r: r.kl_sequence, 1.0,
+                       "off-task KL(base || tuned) per sequence\n(summed over tokens), nats per response"))
     if any(r.kl is not None for r in rows):
-        panels.append((lambda r: r.kl, 1.0, "off-task KL(base || tuned), nats per token"))
+        panels.append((lambda r: r.kl, 1.0, "off-task KL(base || tuned) per token\n(length-normalised), nats per token"))
     if any(r.heldout is not None for r in rows):
         panels.append((lambda r: r.heldout, 100.0, "held-out Pass@1 change vs Base (pp)"))
     if not panels:

@@ -5,12 +5,16 @@ Run by ``esreason experiment run`` after the evaluations when the experiment nam
 
     EXP/offtask/set.jsonl, set.json       the off-task rows (:mod:`esreason.analysis.offtask.data`)
     EXP/offtask/<method>.json             one per method other than Base (per seed: <method>/seed<s>.json):
-                                          per row {id, kl_sum, tokens}, the means, relative L2 drift
+                                          per row {id, kl_sum, tokens}, the means per sequence and
+                                          per token, relative L2 drift
 
-The measure is the mean over tokens of the full-vocabulary KL(base || tuned) at each scored
-position, both models teacher-forced on the same tokens (:class:`esreason.backends.kl_scoring.TokenKLScorer`):
-per row, kl_sum / tokens; the method's value is the mean over rows (each prompt or text weighs the
-same, as each problem does in Pass@1; the token-weighted mean is stored beside it). Why base || tuned:
+The measure is the full-vocabulary KL(base || tuned) at each scored position, both models
+teacher-forced on the same tokens (:class:`esreason.backends.kl_scoring.TokenKLScorer`), reported two
+ways: **per sequence**, the mean over rows of each row's sum over its tokens (``mean_sequence_kl``, nats
+per response: the estimate of the sequence-level KL below), and **per token**, the mean over rows of
+kl_sum / tokens (``mean_token_kl``, nats per token: length-normalised, so two rows whose sums are equal but
+whose lengths differ get different values). Each prompt or text weighs the same, as each problem does in
+Pass@1; the token-weighted mean is stored beside them. Why base || tuned:
 the rows are the base model's own samples, and for y ~ p_base the chain rule gives
 E_y[sum_t KL(p_base(. | y_<t) || p_tuned(. | y_<t))] = KL(P_base || P_tuned) over whole responses,
 so the per-token full-vocabulary sum on base samples estimates the sequence-level divergence of what
@@ -35,13 +39,15 @@ OFFTASK_DIR = "offtask"
 
 
 def score_method(base: Any, tuned: Any, rows: list[Row]) -> dict[str, Any]:
-    """Per-row KL sums of ``tuned`` against ``base`` on ``rows``, the two means and the relative L2 drift."""
+    """Per-row KL sums of ``tuned`` against ``base`` on ``rows``, the means per sequence and per token (and
+    token-weighted), and the relative L2 drift."""
     from esreason.backends.kl_scoring import TokenKLScorer, relative_l2
 
     sums = TokenKLScorer(base, tuned).kl_sums([r.prompt_ids for r in rows], [r.response_ids for r in rows])
     per_row = [{"id": r.id, "kl_sum": kl, "tokens": n} for r, (kl, n) in zip(rows, sums)]
     total_tokens = sum(n for _, n in sums)
     return {"direction": DIRECTION, "rows": per_row,
+            "mean_sequence_kl": sum(kl for kl, _ in sums) / len(sums),
             "mean_token_kl": sum(kl / n for kl, n in sums) / len(sums),
             "token_weighted_kl": sum(kl for kl, _ in sums) / total_tokens,
             "relative_l2": relative_l2(base, tuned)}
