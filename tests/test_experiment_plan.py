@@ -84,7 +84,7 @@ def test_easy_plan_on_8_gpus_runs_every_generation_on_vllm(easy):
     assert plan["total_gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in plan["stages"]), abs=0.05)
     assert plan["wall_hours"] == pytest.approx(sum(s["wall_hours"] for s in plan["stages"]), abs=0.05)
     for a in plan["assumptions"]:
-        assert a["source"].split(":")[0] in ("published", "datasheet", "dataset", "derived", "assumption",
+        assert a["source"].split(":")[0] in ("published", "cited", "datasheet", "dataset", "derived", "assumption",
                                              "assumption (ours)", "esreason default", "measured",
                                              "measured on one H100"), a
     keys = {a["key"] for a in plan["assumptions"]}

@@ -87,6 +87,9 @@ class Stage:
     train, reload, heldout, checksum, checkpoint, mbpp; ``wall_hours`` is their sum."""
     gpus_held: int = 0
     """GPUs the stage holds (the node's, when it uses fewer); GPU-hours are charged on these."""
+    limit: dict[str, Any] | None = None
+    """ES stages: seconds per update against plain batched inference of the same sequences, and the
+    low-rank members-in-one-batch mode (:mod:`esreason.experiments.plan_limit`)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -98,7 +101,7 @@ class Stage:
                 "gpus_held": max(self.gpus, self.gpus_held), "wall_hours": round(self.wall_hours, 3),
                 "terms_s": {k: round(v, 1) for k, v in self.terms.items()},
                 "memory_gib_per_gpu": {k: round(v, 1) for k, v in self.memory_gib_per_gpu.items()},
-                "memory": self.memory}
+                "memory": self.memory, **({"limit": self.limit} if self.limit is not None else {})}
 
 
 class _Ctx:
@@ -195,7 +198,20 @@ def _checkpoints(cfg: Any, updates: int) -> int:
     return (updates // every if every else 0) + (0 if every and updates % every == 0 else 1)
 
 
+def _resolve_engines(ctx: _Ctx, cfg: Any, name: str) -> Any:
+    """``backend.engines_per_gpu: auto`` chosen for the plan's GPU type (memplan_engines), noted."""
+    from esreason.experiments import memplan_engines
+
+    if not memplan_engines.is_auto(cfg):
+        return cfg
+    label, gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (ctx.gpu["name"], ctx.gpu["memory_gib"]))
+    k, why = memplan_engines.choose(cfg, gib)
+    ctx.notes.append(f"{name}: backend.engines_per_gpu: auto -> {k} on {label} ({why})")
+    return memplan_engines.resolve(cfg, gib)
+
+
 def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
+    configured, cfg = cfg, _resolve_engines(ctx, cfg, name)  # roles resolve ``auto`` again per GPU type
     be, n, b = cfg.backend, cfg.es.population_size, cfg.train.batch_size
     responses = updates * n * b
     heldout, heldout_tokens = _heldout(ctx, cfg, updates)
@@ -218,7 +234,6 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
                              f"GPU: the pool would refuse to start; planned with {room} engines (set backend.engines={room})")
             engines = room
         gpus_used = -(-engines // per_gpu) * tp
-        slow = ctx.slowdown(per_gpu)  # each engine's decode step is this much longer on a shared GPU
         members = -(-n // engines)
         if be.update == "sharded" and engines > 1:  # N/E members summed, quantized, all-reduced (int64)
             wire = 2 * (engines - 1) / engines * BYTES_PER_PARAM["allreduce_element"] * ctx.params * held
@@ -228,22 +243,28 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         else:  # the K engines of a GPU share its HBM; a TP rank draws its shards' blocks
             noise = per_gpu * plan_terms.es_noise_s(ctx, members, n) * drawn
         max_new = cfg.generation.max_new_tokens
-        # one member's call: B rows, per-row seeds when sampling (backends/vllm.py generate)
-        decode, tail = plan_terms.call_s(ctx, b, ctx.note(tab.prompt_tokens(cfg.task)), max_new, b,
-                                         cfg.generation.temperature > 0, tp)
+        # members' calls of B rows, per-row seeds when sampling (backends/vllm.py generate), K engines per
+        # GPU decoding side by side (plan_terms.step_s); the last round waits for the slowest engine
+        decode, tail = plan_terms.es_calls_s(ctx, members, b, engines, ctx.note(tab.prompt_tokens(cfg.task)), max_new,
+                                             cfg.generation.temperature > 0, tp, per_gpu)
         checks = updates // be.check_every if be.check_every else 0
         master_bytes = 4 if masters else 0
         # engines sharing a GPU start one after another (engine_env.gpu_start_lock)
         terms = {"start": per_gpu * ctx.over("engine_start_s") + ctx.over("trainer_start_s"),
-                 "decode": updates * members * decode * slow,
-                 "tail": updates * members * tail * slow,
+                 "decode": updates * decode,
+                 "tail": updates * tail,
                  "heldout": heldout_tokens / (ctx.rate("vllm") * gpus_used),
                  "update": updates * noise,
                  "checksum": checks * (mem_w + master_bytes) * ctx.params * held /
                  plan_terms.checksum_rate(ctx, engines * tp),
                  "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
+        allreduce = 0.0
         if tp > 1:  # 2 all-reduces per layer per decode step of each member's call (plan_tp)
-            terms["allreduce"] = updates * members * ctx.longest(b, max_new) * plan_tp.allreduce_s(ctx, cfg.model, b, tp)
+            allreduce = members * ctx.longest(b, max_new) * plan_tp.allreduce_s(ctx, cfg.model, b, tp)
+            terms["allreduce"] = updates * allreduce
+        from esreason.experiments.plan_limit import es_limit
+
+        limit = es_limit(ctx, cfg, gpus_used // tp, tp, decode + tail + noise + allreduce, per_gpu)
         wall = sum(terms.values())
         frac = ctx.const("engine_memory_fraction")
         # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
@@ -264,18 +285,22 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
                   "trainer_host": trainer}
         trainer_gpu = ctx.const("trainer_gpu_gib")
         return Stage(name, where, responses + heldout, round(tokens), gpus_used, wall / 3600, memory,
-                     roles=lambda gib: memplan.es_roles(cfg, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [],
-                     host=lambda gib: memplan_host.es_host(cfg, engines, gib, frac, updates), terms=terms,
-                     gpus_held=ctx.gpus)
+                     roles=lambda gib: memplan.es_roles(configured, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [],
+                     host=lambda gib: memplan_host.es_host(configured, engines, gib, frac, updates), terms=terms,
+                     gpus_held=ctx.gpus, limit=limit)
     # The HF sampler's rate is a throughput figure without a step model: no separate tail term.
     terms = {"start": ctx.over("trainer_start_s"), "decode": tokens / ctx.rate("hf"),
              "update": updates * plan_terms.es_noise_s(ctx, n, n),
              "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
     wall = sum(terms.values())
     where = f"HF transformers sampler, in-process ({be.type}), 1 GPU, members one {'batch' if be.type == 'batched' else 'at a time'}"
+    from esreason.experiments.plan_limit import hf_limit
+
+    limit = hf_limit(n * b * ctx.length(cfg.generation.max_new_tokens) / ctx.rate("hf"), plan_terms.es_noise_s(ctx, n, n))
     return Stage(name, where, responses + heldout, round(tokens), 1, wall / 3600, {"trainer": trainer},
                  roles=lambda gib: memplan.es_roles(cfg, 1, gib, 0.0, 0.0) if _on_gpu(cfg) else [],
-                 host=lambda gib: memplan_host.es_host(cfg, 1, gib, 0.0, updates), terms=terms, gpus_held=ctx.gpus)
+                 host=lambda gib: memplan_host.es_host(cfg, 1, gib, 0.0, updates), terms=terms, gpus_held=ctx.gpus,
+                 limit=limit)
 
 
 def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
