@@ -61,7 +61,7 @@ def test_plan_resolves_auto_for_each_gpu_type():
     stage, plan = es(["configs.es.backend.engines_per_gpu=auto", "configs.es.backend.update=replicated"])
     assert "32 vLLM engines" in stage["runs_on"] and "4 per GPU on 8 GPUs" in stage["runs_on"]
     assert stage["limit"]["engines_per_gpu"] == 4
-    assert any("auto -> 4 on NVIDIA H100 80GB (one member per engine" in n for n in plan["notes"])
+    assert "ES stages: backend.engines_per_gpu: auto -> 4 on NVIDIA H100 80GB (one member per engine (32 members on 8 GPUs))" in plan["notes"]
     fixed, _ = es(["configs.es.backend.engines_per_gpu=4", "configs.es.backend.engines=32",
                    "configs.es.backend.update=replicated"])
     assert stage["terms_s"] == fixed["terms_s"]  # auto is the layout it chose, nothing else

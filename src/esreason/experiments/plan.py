@@ -206,7 +206,7 @@ def _resolve_engines(ctx: _Ctx, cfg: Any, name: str) -> Any:
         return cfg
     label, gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (ctx.gpu["name"], ctx.gpu["memory_gib"]))
     k, why = memplan_engines.choose(cfg, gib)
-    ctx.notes.append(f"{name}: backend.engines_per_gpu: auto -> {k} on {label} ({why})")
+    ctx.notes.append(f"ES stages: backend.engines_per_gpu: auto -> {k} on {label} ({why})")
     return memplan_engines.resolve(cfg, gib)
 
 
@@ -230,8 +230,14 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         if engines * tp > ctx.gpus * per_gpu:
             room = ctx.gpus * per_gpu // tp
             each = f" x {tp} GPUs each" if tp > 1 else ""
-            ctx.notes.append(f"{name}: backend.engines={engines}{each} but only {ctx.gpus} GPUs x {per_gpu} engines per "
-                             f"GPU: the pool would refuse to start; planned with {room} engines (set backend.engines={room})")
+            if getattr(configured.backend, "engines_per_gpu", 1) == "auto":  # backend.engines counts GPUs
+                ctx.notes.append(f"{name}: backend.engines={configured.backend.engines} but only {ctx.gpus} GPUs "
+                                 f"(engines_per_gpu: auto, {per_gpu} per GPU): the pool would refuse to start; planned "
+                                 f"with {room} engines (set backend.engines={ctx.gpus})")
+            else:
+                ctx.notes.append(f"{name}: backend.engines={engines}{each} but only {ctx.gpus} GPUs x {per_gpu} engines "
+                                 f"per GPU: the pool would refuse to start; planned with {room} engines (set "
+                                 f"backend.engines={room})")
             engines = room
         gpus_used = -(-engines // per_gpu) * tp
         members = -(-n // engines)
