@@ -193,7 +193,11 @@ def test_calibrated_plan_of_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
     assert [r[0] for r in rows[:-1]] == ["eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "offtask",
                                          "report"]
     assert all(r[3] != "—" for r in rows[:-1])  # every stage has a plan and a measured time
-    assert "Planned vs actual time" in (exp / "report" / "report.md").read_text()
+    report = (exp / "report" / "report.md").read_text()
+    assert "Planned vs actual time" in report
+    # the ES run's recorded response lengths (es_loop.lengths), with the run's 32-token cap
+    lengths = report.split("## Response lengths during training", 1)[1].split("\n## ", 1)[0]
+    assert "| ES | 32 | 512 |" in lengths  # 8 updates x N = 8 x B = 8 responses
     # the run made the counts the plan assumed: 8 timed updates, held-out at 0, 4, 8, checkpoints 4 and 8
     for kind in ("es", "grpo"):
         rows_k = [json.loads(x) for x in (exp / "runs" / kind / "metrics.jsonl").read_text().splitlines() if x]

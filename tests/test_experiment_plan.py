@@ -266,18 +266,19 @@ def test_measured_lengths_replace_the_assumed_distribution(tmp_path, easy):
     lengths = [int(x) for x in rng.integers(20, 600, size=3000)]
     _write_responses(tmp_path / "eval" / "es" / "gsm8k", lengths[:2000], greedy_lengths=[5000] * 50)
     _write_responses(tmp_path / "eval" / "base" / "gsm8k", lengths[2000:])
-    measured = read_lengths(tmp_path)
-    assert len(measured.lengths) == 3000  # greedy rows left out
+    recorded = read_lengths(tmp_path)
+    measured = recorded.eval
+    assert recorded.train is None and len(measured.lengths) == 3000  # greedy rows left out
     assert measured.mean(10_000) == pytest.approx(np.mean(lengths))
     draws = np.array(lengths)[rng.integers(0, 3000, size=(20_000, 64))].max(axis=1)
     assert measured.longest(64, 10_000) == pytest.approx(draws.mean(), rel=0.01)
     assert measured.longest(64, 300) == pytest.approx(np.minimum(draws, 300).mean(), rel=0.01)
 
-    plan = build_plan(easy, 8, lengths=measured)
+    plan = build_plan(easy, 8, lengths=recorded)
     by = {s["name"]: s for s in plan["stages"]}
     assert by["eval/es"]["tokens"] == round(EASY_PROBLEMS * 33 * np.mean(lengths))
     keys = {a["key"]: a for a in plan["assumptions"]}
-    assert "response_tokens.measured" in keys and keys["response_tokens.measured"]["source"].startswith("measured:")
+    assert keys["response_tokens.measured.eval"]["source"].startswith("measured:")  # every stage: no training lengths
     assert "response_cv.instruct" not in keys  # the tail came from the records, not the lognormal
     default = {s["name"]: s for s in build_plan(easy, 8)["stages"]}
     assert by["train/es"]["terms_s"]["tail"] != default["train/es"]["terms_s"]["tail"]
@@ -288,7 +289,7 @@ def test_bad_lengths_input_is_one_clear_error(tmp_path):
 
     with pytest.raises(UserError, match="is not a directory"):
         read_lengths(tmp_path / "missing")
-    with pytest.raises(UserError, match="no sampled responses"):
+    with pytest.raises(UserError, match="no recorded lengths"):
         read_lengths(tmp_path)
     (tmp_path / "responses.jsonl").write_text('{"num_tokens": 3}\nnot json\n')
     with pytest.raises(UserError, match=r"responses.jsonl row 2: not a response record"):

@@ -286,7 +286,7 @@ class VLLMEngine:
             seconds = time.perf_counter() - t0
         finally:
             self._rpc("es_restore")
-        return MemberOutput(index, gen.texts, gen.num_tokens, seconds)
+        return MemberOutput.of(index, gen, seconds)
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
         return _norm(self._rpc_all("es_update", [int(s) for s in seeds], [float(w) for w in weights], float(alpha)))

@@ -245,6 +245,9 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
                 logger.sample = es_completions(trainer, sampler, cfg.logging.wandb.table_rows)
             result = trainer.train(start_step=start_step, progress=progress)
         record_in_manifest(out, cfg, model, updates=updates, finished=True)
+        from esreason.es_loop.lengths import record_in_manifest as record_lengths
+
+        record_lengths(out, cfg.generation.max_new_tokens)  # the run's response lengths (es_loop.lengths)
         return result
     finally:
         evaluator.close()

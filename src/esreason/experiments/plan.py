@@ -110,7 +110,8 @@ class _Ctx:
     def __init__(self, spec: ExperimentSpec, gpus: int, gpu: str, lengths: Any = None) -> None:
         from esreason.experiments.flops import count_parameters
 
-        self.lengths = lengths  # esreason.experiments.lengths.MeasuredLengths or None (the table's lognormal)
+        self.lengths = lengths  # esreason.experiments.lengths.RecordedLengths or None (the table's lognormal)
+        self.stage_kind = "es"  # the kind of stage being planned (es, grpo, eval): which recorded lengths it uses
 
         if gpus < 1:
             raise UserError(f"--gpus: expected an integer >= 1 (got {gpus})")
@@ -136,11 +137,12 @@ class _Ctx:
         return self.note(tab.CONSTANTS[name])
 
     def lengths_model(self) -> Any:
-        """The response-length distribution: the measured lengths, or the table's LengthModel."""
+        """The response-length distribution: the recorded lengths for this kind of stage, or the table's LengthModel."""
         if self.lengths is not None:
-            self.note(tab.Assumption("response_tokens.measured", round(self.lengths.mean(float("inf")), 1),
-                                     "tokens per response (mean, before each stage's cap)", self.lengths.source))
-            return self.lengths
+            which, measured = self.lengths.for_stage(self.stage_kind)
+            self.note(tab.Assumption(f"response_tokens.measured.{which}", round(measured.mean(float("inf")), 1),
+                                     "tokens per response (mean, before each stage's cap)", measured.source))
+            return measured
         from esreason.experiments.lengths import LengthModel
 
         share = self.spec.plan.runaway_share  # experiment key plan.runaway_share (None: the family's)
@@ -480,6 +482,7 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any 
     ctx = _Ctx(spec, gpus, gpu, lengths)
     stages: list[Stage] = []
     for name, kind, updates in run_stages(spec):
+        ctx.stage_kind = kind
         stages.append(_es_stage(ctx, spec.es, name, updates) if kind == "es" else
                       _grpo_stage(ctx, spec.grpo, name, updates) if kind == "grpo" else _eval_stage(ctx, name))
     for st in stages:
