@@ -33,7 +33,7 @@ def test_auto_picks_the_most_engines_that_fit_one_member_each():
 
 
 def test_auto_is_one_where_engines_cannot_share_a_gpu():
-    k, why = auto.choose(load_config(EASY, ["backend.engines_per_gpu=auto"]), H100)  # the sharded update
+    k, why = auto.choose(load_config(EASY, ["backend.engines_per_gpu=auto", "backend.update=sharded"]), H100)
     assert k == 1 and "NCCL" in why and "memory allows 4 with backend.update: replicated" in why
     assert auto.choose(_easy("backend.type=vllm", "backend.engines=1"), H100)[0] == 1
     assert auto.choose(_easy("backend.tensor_parallel_size=2"), H100)[0] == 1
@@ -46,7 +46,8 @@ def test_auto_is_one_where_engines_cannot_share_a_gpu():
 def test_resolve_counts_gpus_and_starts_k_engines_on_each():
     cfg = auto.resolve(_easy(), H100)
     assert (cfg.backend.engines_per_gpu, cfg.backend.engines) == (4, 32)
-    assert auto.resolve(load_config(EASY, []), H100) == load_config(EASY, [])  # a number stays as configured
+    fixed = load_config(EASY, ["backend.engines_per_gpu=1"])
+    assert auto.resolve(fixed, H100) == fixed  # a number stays as configured
     assert auto.engines_per_gpu(_easy("backend.engines_per_gpu=2", "backend.engines=16"), H100) == 2
 
 
@@ -112,3 +113,23 @@ def test_assume_gpu_env_is_checked(monkeypatch):
     assert auto.run_gpu_gib({auto.ASSUME_GPU_ENV: "a100-40"}) == A100_40
     with pytest.raises(UserError, match=r"ESREASON_ASSUME_GPU='b200': expected one of h100"):
         auto.run_gpu_gib({auto.ASSUME_GPU_ENV: "b200"})
+
+
+def test_experiment_runs_memory_check_and_its_stages_size_auto_against_the_assumed_gpu(monkeypatch):
+    """``experiment run --assume-gpu``: the memory check prices the K that GPU gets, and the ES stages,
+    which resolve auto in their own process, are told the GPU through the environment."""
+    import argparse
+    import os
+
+    from esreason.experiments import memplan
+    from esreason.experiments.runner import _memory_check
+    from esreason.experiments.spec import load_spec
+
+    monkeypatch.delenv(auto.ASSUME_GPU_ENV, raising=False)
+    spec = load_spec("configs/experiments/easy.yaml", ["methods=[es]"])
+    checked = []
+    monkeypatch.setattr(memplan, "check_fits", lambda s, gpus, name, gib: checked.append((s.es.backend, gib)))
+    _memory_check(spec, argparse.Namespace(force=False, assume_gpu="a100-40", assume_gpus=8))
+    assert os.environ[auto.ASSUME_GPU_ENV] == "a100-40"
+    (backend, gib), = checked
+    assert gib == A100_40 and (backend.engines_per_gpu, backend.engines) == (2, 16)  # not the H100's 4

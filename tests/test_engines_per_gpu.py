@@ -162,8 +162,10 @@ def test_run_refuses_a_layout_whose_engine_share_does_not_fit():
                       "configs.es.backend.update=replicated", "methods=[es]"])
     with pytest.raises(UserError, match=r"one engine's vLLM reservation .* change backend.engines_per_gpu"):
         check_fits(spec, 8, "NVIDIA H100 80GB", 81559 / 1024)
-    check_fits(dataclasses.replace(spec, es=load_spec("configs/experiments/easy-qwen2.5-7b.yaml",
-                                                      ["methods=[es]"]).es), 8, "NVIDIA H100 80GB", 81559 / 1024)
+    from esreason.experiments.memplan_engines import resolve_spec
+
+    shipped = load_spec("configs/experiments/easy-qwen2.5-7b.yaml", ["methods=[es]"])  # auto: 1 per GPU at 7B
+    check_fits(resolve_spec(dataclasses.replace(spec, es=shipped.es), 81559 / 1024), 8, "NVIDIA H100 80GB", 81559 / 1024)
 
 
 def test_eval_plan_prices_engines_per_gpu():

@@ -272,9 +272,9 @@ def es_roles(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, tra
     w = _bytes(cfg.dtype)
     masters = es_masters_gib(cfg)
     if cfg.backend.type in ("ray", "vllm"):
-        from esreason.experiments.memplan_engines import engines_per_gpu
-
-        k = engines_per_gpu(cfg, gpu_gib)  # ``auto``: the most that fit this GPU (memplan_engines)
+        k = getattr(cfg.backend, "engines_per_gpu", 1)
+        if not isinstance(k, int):  # ``auto`` depends on the GPU: memplan_engines.resolve(cfg, gpu_gib) first
+            raise TypeError(f"backend.engines_per_gpu={k!r}: resolve it for the GPU first (memplan_engines.resolve)")
         tp = plan_tp.tp_of(cfg.backend)  # a rank's masters are its shards' (plan_tp.layout "held")
         masters *= plan_tp.layout(cfg.model, tp)["held"] / params if tp > 1 else 1.0
         key = "backend.engines_per_gpu" if k > 1 else "VLLMEngineOptions.gpu_memory_utilization (code default)"

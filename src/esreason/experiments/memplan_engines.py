@@ -142,6 +142,22 @@ def resolve(cfg: Any, gpu_gib: float | None) -> Any:
                                                                 engines=cfg.backend.engines * k))
 
 
+def resolve_spec(spec: Any, gpu_gib: float | None) -> Any:
+    """An experiment spec with its ES config's ``auto`` resolved for ``gpu_gib`` (``experiment run``'s
+    memory check, before any stage starts)."""
+    if getattr(spec, "es", None) is None or not is_auto(spec.es):
+        return spec
+    return dataclasses.replace(spec, es=resolve(spec.es, gpu_gib))
+
+
+def plan_choice(cfg: Any, gpu_name: str, gpu_gib: float) -> tuple[Any, str | None]:
+    """(``cfg`` resolved for the plan's GPU, the plan's note on the choice; None where it was not ``auto``)."""
+    if not is_auto(cfg):
+        return cfg, None
+    k, why = choose(cfg, gpu_gib)
+    return resolve(cfg, gpu_gib), f"ES stages: backend.engines_per_gpu: auto -> {k} on {gpu_name} ({why})"
+
+
 def run_gpu_gib(env: Mapping[str, str] | None = None) -> float | None:
     """GiB of the GPU a run sizes against: the one torch sees, else ``ESREASON_ASSUME_GPU``'s type, else None."""
     from esreason.errors import UserError
@@ -170,4 +186,4 @@ def resolve_at_run(cfg: Any, log: Any = print, env: Mapping[str, str] | None = N
 
 
 __all__ = ["ASSUME_GPU_ENV", "AUTO", "MAX_K", "choose", "engines_per_gpu", "fits", "is_auto", "member_call_role",
-           "resolve", "resolve_at_run", "run_gpu_gib"]
+           "plan_choice", "resolve", "resolve_at_run", "resolve_spec", "run_gpu_gib"]

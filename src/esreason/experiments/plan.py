@@ -11,13 +11,15 @@ wall time is the sum of named terms (``stages[].terms_s``), modelled on what the
 
 - **start**: engines (vLLM) and the trainer process start once per stage (K engines sharing a GPU
   one after another: ``engines_per_gpu``).
-- **engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K): each engine's
-  decode step is K / speedup times as long (``plan_table.shared_gpu_speedup``), the K engines of a
-  GPU share its HBM for the update, and evaluation decode stays at the GPU's many-row rate.
+- **engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K; ``auto``:
+  memplan_engines): K ES engines each keep their host floor while the GPU serves their reads one
+  after another (plan_terms.step_s), and share its HBM for the update; an evaluation engine's step is
+  K / speedup times as long (``plan_table.shared_gpu_speedup``), its decode at the many-row rate.
 - **decode** and **tail** (:mod:`esreason.experiments.plan_terms`): a synchronous call
   (an ES member's B prompts; a GRPO process's share of a rollout batch) runs until its longest row
   ends, each step reading the weights and the running rows' KV cache (at least the host floor;
-  seeded rows add a sampler iteration each); decode is the call at the mean length, tail the rest.
+  seeded rows add a sampler iteration each); decode is the call at the mean length, tail the rest; an
+  ES update's last round of member calls waits for the slowest engine (plan_terms.es_calls_s).
   GRPO's processes wait for each other (rewards are gathered), so a rollout lasts the longest of
   all B x G responses. Lengths: a runaway share at the cap (experiment key ``plan.runaway_share``)
   and lognormal otherwise (:class:`esreason.experiments.lengths.LengthModel`), or with ``--lengths
@@ -34,6 +36,8 @@ wall time is the sum of named terms (``stages[].terms_s``), modelled on what the
   measured cost per padded token (plan_terms.grpo_train_s). **reload** (GRPO on vLLM): the weight
   push before every rollout, plus sleep and wake with ``grpo.vllm_sleep``.
 - **heldout**: periodic evaluation during training (``eval.every``, update 0 included).
+- **limit** (ES stages, not a term): the update against plain batched inference of the same
+  sequences, and the low-rank members-in-one-batch mode (:mod:`esreason.experiments.plan_limit`).
 - **checksum** (ES on engines): every ``backend.check_every`` updates each engine hashes its
   weights and fp32 masters (all engines at once). **checkpoint**: every ``checkpoint.every``
   updates and at the end, written and read back for the sha256 manifest. **mbpp**: sandboxed
@@ -49,14 +53,14 @@ With ``seeds``, every trained method is planned once per seed and the base model
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from esreason.errors import UserError
-from esreason.experiments import memplan, memplan_host, plan_terms, plan_tp
+from esreason.experiments import memplan, memplan_engines, memplan_host, plan_limit, plan_terms, plan_tp
 from esreason.experiments import plan_table as tab
+from esreason.experiments.plan_hf import hf_only
 from esreason.experiments.plan_render import render
 from esreason.experiments.spec import ExperimentSpec, run_stages
 
@@ -88,8 +92,7 @@ class Stage:
     gpus_held: int = 0
     """GPUs the stage holds (the node's, when it uses fewer); GPU-hours are charged on these."""
     limit: dict[str, Any] | None = None
-    """ES stages: seconds per update against plain batched inference of the same sequences, and the
-    low-rank members-in-one-batch mode (:mod:`esreason.experiments.plan_limit`)."""
+    """ES stages: the update against plain batched inference (:mod:`esreason.experiments.plan_limit`)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -200,20 +203,10 @@ def _checkpoints(cfg: Any, updates: int) -> int:
     return (updates // every if every else 0) + (0 if every and updates % every == 0 else 1)
 
 
-def _resolve_engines(ctx: _Ctx, cfg: Any, name: str) -> Any:
-    """``backend.engines_per_gpu: auto`` chosen for the plan's GPU type (memplan_engines), noted."""
-    from esreason.experiments import memplan_engines
-
-    if not memplan_engines.is_auto(cfg):
-        return cfg
-    label, gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (ctx.gpu["name"], ctx.gpu["memory_gib"]))
-    k, why = memplan_engines.choose(cfg, gib)
-    ctx.notes.append(f"ES stages: backend.engines_per_gpu: auto -> {k} on {label} ({why})")
-    return memplan_engines.resolve(cfg, gib)
-
-
 def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
-    configured, cfg = cfg, _resolve_engines(ctx, cfg, name)  # roles resolve ``auto`` again per GPU type
+    label, gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (ctx.gpu["name"], ctx.gpu["memory_gib"]))
+    configured, (cfg, note) = cfg, memplan_engines.plan_choice(cfg, label, gib)  # ``auto``: per GPU type
+    ctx.notes += [note] if note else []
     be, n, b = cfg.backend, cfg.es.population_size, cfg.train.batch_size
     responses = updates * n * b
     heldout, heldout_tokens = _heldout(ctx, cfg, updates)
@@ -232,14 +225,11 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         if engines * tp > ctx.gpus * per_gpu:
             room = ctx.gpus * per_gpu // tp
             each = f" x {tp} GPUs each" if tp > 1 else ""
-            if getattr(configured.backend, "engines_per_gpu", 1) == "auto":  # backend.engines counts GPUs
-                ctx.notes.append(f"{name}: backend.engines={configured.backend.engines} but only {ctx.gpus} GPUs "
-                                 f"(engines_per_gpu: auto, {per_gpu} per GPU): the pool would refuse to start; planned "
-                                 f"with {room} engines (set backend.engines={ctx.gpus})")
-            else:
-                ctx.notes.append(f"{name}: backend.engines={engines}{each} but only {ctx.gpus} GPUs x {per_gpu} engines "
-                                 f"per GPU: the pool would refuse to start; planned with {room} engines (set "
-                                 f"backend.engines={room})")
+            auto = note is not None  # backend.engines counts GPUs
+            ctx.notes.append(f"{name}: backend.engines={configured.backend.engines}{each} but only {ctx.gpus} GPUs "
+                             + (f"(engines_per_gpu: auto, {per_gpu} per GPU)" if auto else f"x {per_gpu} engines per "
+                                "GPU") + f": the pool would refuse to start; planned with {room} engines (set "
+                             f"backend.engines={ctx.gpus if auto else room})")
             engines = room
         gpus_used = -(-engines // per_gpu) * tp
         members = -(-n // engines)
@@ -266,13 +256,10 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
                  "checksum": checks * (mem_w + master_bytes) * ctx.params * held /
                  plan_terms.checksum_rate(ctx, engines * tp),
                  "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
-        allreduce = 0.0
-        if tp > 1:  # 2 all-reduces per layer per decode step of each member's call (plan_tp)
-            allreduce = members * ctx.longest(b, max_new) * plan_tp.allreduce_s(ctx, cfg.model, b, tp)
-            terms["allreduce"] = updates * allreduce
-        from esreason.experiments.plan_limit import es_limit
-
-        limit = es_limit(ctx, cfg, gpus_used // tp, tp, decode + tail + noise + allreduce, per_gpu)
+        # 2 all-reduces per layer per decode step of each member's call (plan_tp)
+        allreduce = members * ctx.longest(b, max_new) * plan_tp.allreduce_s(ctx, cfg.model, b, tp) if tp > 1 else 0.0
+        terms.update({"allreduce": updates * allreduce} if tp > 1 else {})
+        limit = plan_limit.es_limit(ctx, cfg, gpus_used // tp, tp, decode + tail + noise + allreduce, per_gpu)
         wall = sum(terms.values())
         frac = ctx.const("engine_memory_fraction")
         # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
@@ -293,7 +280,8 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
                   "trainer_host": trainer}
         trainer_gpu = ctx.const("trainer_gpu_gib")
         return Stage(name, where, responses + heldout, round(tokens), gpus_used, wall / 3600, memory,
-                     roles=lambda gib: memplan.es_roles(configured, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [],
+                     roles=lambda gib: memplan.es_roles(memplan_engines.resolve(configured, gib), engines, gib, frac,
+                                                        trainer_gpu) if _on_gpu(cfg) else [],
                      host=lambda gib: memplan_host.es_host(configured, engines, gib, frac, updates), terms=terms,
                      gpus_held=ctx.gpus, limit=limit)
     # The HF sampler's rate is a throughput figure without a step model: no separate tail term.
@@ -302,9 +290,8 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
              "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
     wall = sum(terms.values())
     where = f"HF transformers sampler, in-process ({be.type}), 1 GPU, members one {'batch' if be.type == 'batched' else 'at a time'}"
-    from esreason.experiments.plan_limit import hf_limit
-
-    limit = hf_limit(n * b * ctx.length(cfg.generation.max_new_tokens) / ctx.rate("hf"), plan_terms.es_noise_s(ctx, n, n))
+    limit = plan_limit.hf_limit(n * b * ctx.length(cfg.generation.max_new_tokens) / ctx.rate("hf"),
+                                plan_terms.es_noise_s(ctx, n, n))
     return Stage(name, where, responses + heldout, round(tokens), 1, wall / 3600, {"trainer": trainer},
                  roles=lambda gib: memplan.es_roles(cfg, 1, gib, 0.0, 0.0) if _on_gpu(cfg) else [],
                  host=lambda gib: memplan_host.es_host(cfg, 1, gib, 0.0, updates), terms=terms, gpus_held=ctx.gpus,
@@ -508,19 +495,6 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any 
 def gpu_type_key(gpu: str) -> str:
     """The memory table's key of the plan's ``--gpu-type`` (``a100`` is the 80 GB part)."""
     return {"a100": "a100-80"}.get(gpu, gpu)
-
-
-def hf_only(spec: ExperimentSpec) -> ExperimentSpec:
-    """The same experiment with every generation on the HF sampler: ES on ``backend: hf`` (one GPU),
-    GRPO with HF generate, evaluation with ``eval.backend: hf``."""
-    es = spec.es
-    if es is not None:
-        es = dataclasses.replace(es, backend=dataclasses.replace(es.backend, type="hf", engines=1,
-                                                                 update="replicated"))
-    grpo = spec.grpo
-    if grpo is not None:
-        grpo = dataclasses.replace(grpo, grpo=dataclasses.replace(grpo.grpo, use_vllm=False))
-    return dataclasses.replace(spec, es=es, grpo=grpo, eval=dataclasses.replace(spec.eval, backend="hf", engines=1))
 
 
 __all__ = ["Stage", "build_plan", "hf_only", "render"]

@@ -342,15 +342,17 @@ def _memory_check(spec: ExperimentSpec, args: argparse.Namespace) -> None:
 
         os.environ[FORCE_ENV] = "1"  # the GRPO launcher's own fit check (launch.check_grpo_fits) too
         return
+    from esreason.experiments.memplan_engines import resolve_spec  # engines_per_gpu: auto, as the run resolves it
+
     if args.assume_gpu:
         name, gib = memplan.GPU_MEMORY_GIB[args.assume_gpu]
-        memplan.check_fits(spec, args.assume_gpus, name, gib)
+        memplan.check_fits(resolve_spec(spec, gib), args.assume_gpus, name, gib)
         return
     local = memplan.local_gpu()
     if local is not None:
         import torch
 
-        memplan.check_fits(spec, torch.cuda.device_count(), local[0], local[1])
+        memplan.check_fits(resolve_spec(spec, local[1]), torch.cuda.device_count(), local[0], local[1])
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
