@@ -81,3 +81,18 @@ def test_the_text_plan_shows_every_es_stages_ratio():
     for name in ("train/es ", "train/es_grpo/stage1_es", "train/grpo_es/stage2_es"):
         assert name in block
     assert "low-rank members in one batch" in block and "train/grpo " not in block
+
+
+def test_an_engines_share_beyond_max_num_seqs_adds_decode_not_tails():
+    """One in-process engine (backend.type: vllm) holds all 2,048 sequences: vLLM decodes 256 at a time
+    and refills slots as rows end, so the other 1,792 add decode steps, and the call still waits for
+    one tail."""
+    from esreason.experiments.plan_limit import MAX_NUM_SEQS
+
+    spec = load_spec("configs/experiments/easy.yaml", ["methods=[es]", "configs.es.backend.type=vllm",
+                                                       "configs.es.backend.engines=1"])
+    lim = _es(build_plan(spec, 1, "h100"))["limit"]
+    ctx = _Ctx(spec, 1, "h100")
+    decode, tail = plan_terms.call_s(ctx, MAX_NUM_SEQS, tab.prompt_tokens("gsm8k").value, 2048, 32 * 64, False)
+    assert (lim["inference_engines"], lim["inference_rows_per_engine"]) == (1, 2048)
+    assert lim["inference_s"] == pytest.approx(decode * 2048 / MAX_NUM_SEQS + tail, rel=1e-3)

@@ -4,7 +4,8 @@ Every ES stage of ``esreason experiment plan`` carries a ``limit`` block (per up
 
 - ``inference_s``: **plain batched inference** of the update's N x B sequences on the stage's GPUs,
   one engine per GPU (or per tensor-parallel group), each engine's share in **one call** that waits
-  once for the longest of all N x B responses (one tail per engine; the engines finish together).
+  once for the longest of all N x B responses (one tail per engine; the engines finish together),
+  at most ``MAX_NUM_SEQS`` rows decoding at once.
   Same step model as the ES terms (:func:`esreason.experiments.plan_terms.call_s`), so the ratio
   compares the method with the physical limit of this workload under one set of assumptions.
 - ``update_s`` and ``ratio``: the planned ES update (generation, perturb / restore / update, TP
@@ -31,18 +32,23 @@ from esreason.experiments import plan_terms, plan_tp
 
 #: Bytes per parameter of applying one update (the ``apply`` of plan.BYTES_PER_PARAM: benchmarks/noise.py).
 APPLY_BYTES_PER_PARAM = 48
+#: Rows a vLLM engine decodes at once (its default ``max_num_seqs``; plan.STREAM_WAVE): an engine's
+#: share beyond it waits for free slots, which continuous batching refills as rows end.
+MAX_NUM_SEQS = 256
 
 
 def inference_s(ctx: Any, cfg: Any, engines: int, tp: int) -> tuple[float, int]:
     """(seconds, rows per engine) of plain inference of one update's N x B sequences on ``engines``
-    engines of ``tp`` GPUs: one call per engine, waiting for the longest of all N x B responses."""
+    engines of ``tp`` GPUs: one call per engine, waiting for the longest of all N x B responses. An
+    engine's share beyond MAX_NUM_SEQS rows decodes MAX_NUM_SEQS at a time, slots refilled as rows end
+    (the extra rows add decode steps, not tails)."""
     n, b = cfg.es.population_size, cfg.train.batch_size
     rows = math.ceil(n * b / engines)
-    cap = cfg.generation.max_new_tokens
-    decode, tail = plan_terms.call_s(ctx, rows, ctx.note(tab.prompt_tokens(cfg.task)), cap, n * b,
+    wave, cap = min(rows, MAX_NUM_SEQS), cfg.generation.max_new_tokens
+    decode, tail = plan_terms.call_s(ctx, wave, ctx.note(tab.prompt_tokens(cfg.task)), cap, n * b,
                                      cfg.generation.temperature > 0, tp)
-    steps = ctx.longest(n * b, cap)
-    return decode + tail + steps * plan_tp.allreduce_s(ctx, cfg.model, rows, tp), rows
+    steps = ctx.longest(n * b, cap) + (rows / wave - 1) * ctx.length(cap)
+    return decode * rows / wave + tail + steps * plan_tp.allreduce_s(ctx, cfg.model, wave, tp), rows
 
 
 def lowrank_update_s(ctx: Any, cfg: Any, engines: int, tp: int) -> float:
@@ -72,4 +78,4 @@ def hf_limit(decode_s: float, update_s: float) -> dict[str, Any]:
             "lowrank_batch_s": None, "lowrank_ratio": None}
 
 
-__all__ = ["APPLY_BYTES_PER_PARAM", "es_limit", "hf_limit", "inference_s", "lowrank_update_s"]
+__all__ = ["APPLY_BYTES_PER_PARAM", "MAX_NUM_SEQS", "es_limit", "hf_limit", "inference_s", "lowrank_update_s"]
