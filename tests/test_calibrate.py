@@ -355,6 +355,21 @@ def test_a_plan_whose_constants_spread_over_the_bound_is_refused():
     assert "es.decode" in cal.render_calibrated(steady)
 
 
+def test_the_plans_own_interval_follows_the_constants_spread():
+    """The bootstrap carries each constant's samples to the total, in proportion to the seconds it prices:
+    steady samples give a point, a noisy constant a band around the plan, the wider the more it prices."""
+    from esreason.experiments.calibrate_check import interval
+
+    steady = interval({"es.token": [1.0, 1.0, 1.0, 1.0, 1.0]}, {"es.token": 60.0}, 100.0)
+    assert steady["low_s"] == steady["high_s"] == 100.0 and steady["half_width"] == 0.0
+    noisy = interval({"es.token": [0.8, 0.9, 1.0, 1.1, 1.3]}, {"es.token": 60.0}, 100.0)
+    assert noisy["low_s"] < 100.0 < noisy["high_s"] and noisy["level"] == 0.9
+    wider = interval({"es.token": [0.8, 0.9, 1.0, 1.1, 1.3]}, {"es.token": 90.0}, 100.0)
+    assert wider["half_width"] == pytest.approx(noisy["half_width"] * 1.5, rel=1e-6)
+    assert interval({"x": [1.0]}, {"x": 50.0}, 100.0)["half_width"] == 0.0  # one sample: nothing to resample
+    assert noisy == interval({"es.token": [0.8, 0.9, 1.0, 1.1, 1.3]}, {"es.token": 60.0}, 100.0)  # fixed seed
+
+
 def test_a_bad_max_spread_is_refused_before_the_calibration_runs(monkeypatch, capsys):
     """A wrong flag costs nothing: exit 2 and one line naming it, and no calibration run."""
     def must_not_run(*args, **kwargs):

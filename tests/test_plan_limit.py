@@ -56,6 +56,11 @@ def test_lowrank_batch_prices_the_cited_lora_overhead(shipped, monkeypatch):
     free = _es(_plan("configs.es.backend.engines_per_gpu=1", "configs.es.backend.update=sharded"))["limit"]
     assert 1.0 < free["lowrank_ratio"] < 1.05
     assert free["inference_s"] == lim["inference_s"] and free["update_s"] == lim["update_s"]
+    # each engine loads its 4 members' adapters every update: 1 s each adds 4 s
+    monkeypatch.setitem(tab.CONSTANTS, "lora_adapter_load_s",
+                        dataclasses.replace(tab.CONSTANTS["lora_adapter_load_s"], value=1.0))
+    slow = _es(_plan("configs.es.backend.engines_per_gpu=1", "configs.es.backend.update=sharded"))["limit"]
+    assert slow["lowrank_batch_s"] == pytest.approx(free["lowrank_batch_s"] + 4 * (1.0 - 0.01), abs=2e-3)
 
 
 def test_more_engines_per_gpu_move_the_update_toward_the_limit(shipped):
