@@ -12,7 +12,8 @@ stage (``train/<m>``, ``eval/<m>``, ``report``) the planned and the measured sec
 ratio; the totals (the sum of stages, and the ``experiment run`` process's wall time against the
 plan's total); the largest per-stage error; the run's per-update generation seconds beside the
 calibration's decode constants; the calibration's own interval (a bootstrap over its samples) and
-whether the run's total fell inside it; the machine's load averages before and after each command;
+whether the run's total fell inside it; the machine's 1-minute load average sampled every 10 s during
+the calibration and during the run (mean, min, max) and before and after each command;
 and whether the project's targets hold (total within ``--target``: 15 % for the HF path, 20 % for
 vLLM; every stage within 25 %). A calibration refused for its spread is reported as such
 (``refused``: the error), with no run. With ``--repeat N`` the summary gives every try's plan and
@@ -73,6 +74,37 @@ def _load() -> list[float] | None:
         return None
 
 
+class LoadSampler:
+    """The machine's 1-minute load average every ``every`` seconds while a command runs (a thread that
+    only reads /proc/loadavg): its mean, min and max say how busy the cores were during that command."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        import threading
+
+        self.every, self.values = every, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            got = _load()
+            if got:
+                self.values.append(got[0])
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> "LoadSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        v = self.values
+        return {"mean": round(statistics.mean(v), 2), "min": min(v), "max": max(v), "samples": len(v)} if v else {}
+
+
 def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -103,9 +135,11 @@ def once(args: argparse.Namespace, out: Path, sets: list[str]) -> dict[str, Any]
     if args.plan:
         plan_text, calibrate_s = Path(args.plan).read_text(), None
     else:
-        got = subprocess.run(cli + ["plan", args.experiment, "--calibrate", "--json", "--max-spread",
-                                    str(args.max_spread), *sets], capture_output=True, text=True, env=env)
+        with LoadSampler() as sampler:
+            got = subprocess.run(cli + ["plan", args.experiment, "--calibrate", "--json", "--max-spread",
+                                        str(args.max_spread), *sets], capture_output=True, text=True, env=env)
         calibrate_s = round(time.perf_counter() - t0, 1)
+        load["during_calibration"] = sampler.summary()
         if got.returncode != 0:
             return {"calibrate_s": calibrate_s, "refused": got.stderr.strip().splitlines()[-1:]}
         plan_text = got.stdout
@@ -114,10 +148,11 @@ def once(args: argparse.Namespace, out: Path, sets: list[str]) -> dict[str, Any]
 
     load["run_before"] = _load()
     t0 = time.perf_counter()
-    subprocess.run(cli + ["run", args.experiment, "--plan", str(out / "plan.json"), "--output",
-                          str(out / "experiment"), "--no-progress", *sets], check=True, capture_output=True, env=env)
+    with LoadSampler() as sampler:
+        subprocess.run(cli + ["run", args.experiment, "--plan", str(out / "plan.json"), "--output",
+                              str(out / "experiment"), "--no-progress", *sets], check=True, capture_output=True, env=env)
     run_s = time.perf_counter() - t0
-    load["run_after"] = _load()
+    load["run_after"], load["during_run"] = _load(), sampler.summary()
 
     from esreason.report.timing import planned_seconds
 
