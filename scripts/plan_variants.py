@@ -4,6 +4,7 @@ Each row is ``esreason experiment plan configs/experiments/X.yaml --gpus G --jso
 run in process through :func:`plan_tables.plan` (one plan per distinct command):
 
 - ``engines_per_gpu_rows``: Easy 1.5B with K ES engines per GPU (docs/gpu-layout.md);
+- ``limit_rows``: Easy 1.5B's ES update against plain inference, full rank and low rank (docs/planning.md);
 - ``anchor_rows``: the plan's ES update at the settings of public ES timings (docs/planning.md);
 - ``sensitivity_rows``: the Easy 1.5B plan with one assumption changed (docs/planning.md);
 - ``host_rows``: host RAM, pinned memory and disk per node of every shipped GPU experiment (docs/planning.md).
@@ -78,29 +79,92 @@ def _wall_gpu(p: dict[str, Any]) -> str:
     return f"{p['wall_hours']:.1f} h / {p['total_gpu_hours']:,.1f}"
 
 
+#: The paper's layout: one engine per GPU and the sharded exact update (the shipped configs choose auto).
+PAPER_LAYOUT = ("configs.es.backend.engines_per_gpu=1", "configs.es.backend.update=sharded")
+
+
+def _layout(k: int) -> tuple[str, ...]:
+    """K ES engines per GPU on 8 GPUs: the paper's layout at K = 1, the replicated update above (the
+    sharded update's NCCL group cannot hold two engines of one GPU)."""
+    if k == 1:
+        return PAPER_LAYOUT
+    return (f"configs.es.backend.engines_per_gpu={k}", f"configs.es.backend.engines={8 * k}",
+            "configs.es.backend.update=replicated")
+
+
 def engines_per_gpu_rows() -> list[str]:
     """Easy 1.5B's ES stage with K engines per GPU (8 K engines on 8 GPUs), per ES update."""
-    rows = ["| K (engines per GPU) | engines | members per engine | decode s | tail s | update s | per update s "
-            "| ES stage h | GPU 0 memory | whole experiment |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    rows = ["| K (engines per GPU) | engines | update | members per engine | decode s | tail s | update s | per update s "
+            "| / plain inference | ES stage h | GPU 0 memory | whole experiment |",
+            "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     updates = _updates("easy")
     population = yaml.safe_load((REPO / "configs" / "easy" / "es-qwen2.5-1.5b.yaml").read_text())["es"]["population_size"]
     for k in (1, 2, 4):
-        p = plan("easy", False, (f"configs.es.backend.engines_per_gpu={k}", f"configs.es.backend.engines={8 * k}"))
+        p = plan("easy", False, _layout(k))
         t, es = _per_update(p, updates), _stage(p, "train/es")
         v = es["memory"]["verdicts"]["h100"]
         step = t["decode"] + t["tail"] + t["update"]
-        rows.append(f"| {k} | {8 * k} | {population // (8 * k)} | {t['decode']:.2f} | {t['tail']:.2f} | {t['update']:.2f} "
-                    f"| {step:.2f} | {es['wall_hours']:.2f} | {v['total_gib']:.1f} GiB ({round(100 * v['margin'])} % margin) "
+        rows.append(f"| {k} | {8 * k} | {'sharded' if k == 1 else 'replicated'} | {population // (8 * k)} "
+                    f"| {t['decode']:.2f} | {t['tail']:.2f} | {t['update']:.2f} | {step:.2f} | {es['limit']['ratio']:.2f} "
+                    f"| {es['wall_hours']:.2f} | {v['total_gib']:.1f} GiB ({round(100 * v['margin'])} % margin) "
                     f"| {_wall_gpu(p)} |")
+    return rows
+
+
+def _with_constants(name: str, sets: tuple[str, ...], constants: tuple[tuple[str, float], ...]) -> dict[str, Any]:
+    """The plan with plan_table constants replaced (in process, restored after)."""
+    import dataclasses
+
+    from esreason.experiments import plan_table as tab
+
+    saved = {k: tab.CONSTANTS[k] for k, _ in constants}
+    try:
+        for key, value in constants:
+            tab.CONSTANTS[key] = dataclasses.replace(tab.CONSTANTS[key], value=value)
+        return _plan_on.__wrapped__(name, False, sets, 8)
+    finally:
+        tab.CONSTANTS.update(saved)
+
+
+#: (label, --set overrides, plan_table constants replaced, which update: "es" or "lowrank")
+LIMIT_CASES = (
+    ("full rank, shipped config (`engines_per_gpu: auto`: 4 per GPU on an H100, replicated update)", (), (), "es"),
+    ("full rank, 2 engines per GPU (replicated update)", _layout(2), (), "es"),
+    ("full rank, the paper's layout (1 engine per GPU, sharded update)", PAPER_LAYOUT, (), "es"),
+    ("full rank, auto, if sharing engines read at the full roofline (`shared_read_efficiency` 1.0)", (),
+     (("shared_read_efficiency", 1.0),), "es"),
+    ("low-rank members in one batch, LoRA overhead 0.504 (cited: vLLM's benchmark, base and LoRA in one build)",
+     (), (), "lowrank"),
+    ("low-rank members in one batch, LoRA overhead 0.099 (cited: EGGROLL, 91 % of inference throughput)", (),
+     (("lora_token_overhead", 0.099),), "lowrank"),
+    ("low-rank members in one batch, LoRA overhead 0.045 (cited: vLLM V1 LoRA against the earlier base run)", (),
+     (("lora_token_overhead", 0.045),), "lowrank"),
+)
+
+
+def limit_rows() -> list[str]:
+    """Easy 1.5B on 8 x H100: the ES update against plain batched inference of the same 2,048 sequences."""
+    rows = ["| Easy 1.5B on 8 x H100, per ES update | update s | plain inference s | ratio | ES stage h | whole experiment |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for label, sets, constants, which in LIMIT_CASES:
+        p = _with_constants("easy", sets, constants) if constants else plan("easy", False, sets)
+        es = _stage(p, "train/es")
+        lim = es["limit"]
+        if which == "es":
+            rows.append(f"| {label} | {lim['update_s']:.2f} | {lim['inference_s']:.2f} | {lim['ratio']:.2f} "
+                        f"| {es['wall_hours']:.2f} | {_wall_gpu(p)} |")
+        else:
+            rows.append(f"| {label} | {lim['lowrank_batch_s']:.2f} | {lim['inference_s']:.2f} | "
+                        f"{lim['lowrank_ratio']:.2f} | – | – |")
     return rows
 
 
 #: (anchor, its figure, the plan's settings, engines or None for the HF path, GPUs)
 ANCHORS = (
     ("es-at-scale, vLLM version, 4 x H100 (\"~10x faster\" than its HF version's 559 s)", "~56 s",
-     ("configs.es.es.population_size=30", "configs.es.train.batch_size=200", "configs.es.backend.engines=4"), 4),
-    ("the authors' figure carried to the Easy setting (~27 responses/s per GPU, 8 GPUs)", "~9.5 s", (), 8),
+     ("configs.es.es.population_size=30", "configs.es.train.batch_size=200", "configs.es.backend.engines=4",
+      *PAPER_LAYOUT), 4),
+    ("the authors' figure carried to the Easy setting (~27 responses/s per GPU, 8 GPUs)", "~9.5 s", PAPER_LAYOUT, 8),
     ("es-at-scale, HF version, 4 x H200 (VsonicV/es-at-scale#4)", "559 s",
      ("configs.es.es.population_size=30", "configs.es.train.batch_size=200"), None),
 )
@@ -133,8 +197,8 @@ def sensitivity_rows() -> list[str]:
     rows = ["| Easy 1.5B on 8 x H100 | wall h / GPU-h |", "| --- | ---: |"]
     cases = (("shipped configs, the plan's assumptions", ()),
              ("no runaway responses (`--set plan.runaway_share=0`)", ("plan.runaway_share=0",)),
-             ("2 ES engines per GPU (`engines_per_gpu=2`, 16 engines)",
-              ("configs.es.backend.engines_per_gpu=2", "configs.es.backend.engines=16")))
+             ("the paper's ES layout (1 engine per GPU, sharded update)", PAPER_LAYOUT),
+             ("2 ES engines per GPU (16 engines, replicated update)", _layout(2)))
     for label, sets in cases:
         rows.append(f"| {label} | {_wall_gpu(plan('easy', False, sets))} |")
     return rows
@@ -164,6 +228,7 @@ def host_rows() -> list[str]:
 
 if __name__ == "__main__":
     for title, rows in (("docs/gpu-layout.md, engines per GPU", engines_per_gpu_rows()),
+                        ("docs/planning.md, the limit", limit_rows()),
                         ("docs/planning.md, public anchors", anchor_rows()),
                         ("docs/planning.md, sensitivity", sensitivity_rows()),
                         ("docs/planning.md, host side", host_rows())):

@@ -143,8 +143,14 @@ def test_es_run_batched_checkpoint_bit_identical_to_hf(tmp_path):
     b = run_es(_run_cfg("batched", "backend.population_batch=4"), tmp_path / "batched", progress=False)
     ma = [json.loads(x) for x in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
     mb = [json.loads(x) for x in (tmp_path / "batched" / "metrics.jsonl").read_text().splitlines()]
-    for key in ("reward/mean", "reward/std", "accuracy/mean", "update_norm", "tokens"):
+    for key in ("reward/mean", "reward/std", "accuracy/mean", "update_norm", "tokens", "length/responses",
+                "length/member_at_cap"):
         assert [m[key] for m in ma] == [m[key] for m in mb], key
+    # every response's length recorded, per member (N = 6 x B = 5), summing to the update's tokens;
+    # at a 40-token cap some of the demo's ~30-45-token answers run to it
+    assert all(len(m["length/responses"]) == 6 and {len(r) for r in m["length/responses"]} == {5} for m in mb)
+    assert all(sum(map(sum, m["length/responses"])) == m["tokens"] for m in mb)
+    assert any(m["length/at_cap"] > 0 for m in mb)
     # At least one update moved the weights, so equal checkpoints mean something. (Not every step: with
     # 5 prompts all three antithetic pairs can tie, a zero update; seen at step 2 under ATen's scalar
     # kernels, ATEN_CPU_CAPABILITY=default, on both backends alike.)

@@ -160,12 +160,16 @@ def test_calibrated_plan_of_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
     c = plan["calibration"]
     for kind, other in (("es", "update"), ("grpo", "train")):
         rates, samples = c[kind], c[kind]["samples"]
-        assert len(samples["decode"]) == len(samples["update"]) == cal.MEASURED_UPDATES
+        assert len(samples["token"]) == len(samples["update"]) == cal.MEASURED_UPDATES
         assert len(samples["heldout"]) == 4 and len(samples["checkpoint"]) == cal.CHECKPOINT_REPEATS
-        for key in ("decode", "update", "heldout", "checkpoint"):
-            assert rates[f"{key}_s"] == statistics.median(samples[key])
+        # generation: the median seconds per token times the calibration's mean tokens per update
+        assert rates["token_s"] == statistics.median(samples["token"]) and rates["tokens_per_update"] > 0
+        assert rates["decode_s"] == pytest.approx(rates["token_s"] * rates["tokens_per_update"])
+        for key, field in (("token", "token"), ("update", "update"), ("heldout", "heldout"),
+                           ("checkpoint", "checkpoint")):
+            assert rates[f"{field}_s"] == statistics.median(samples[key])
             const = plan["constants"][f"{kind}.{cal._term(kind, key)}"]
-            assert const["n"] == len(samples[key]) and const["median"] == pytest.approx(rates[f"{key}_s"], abs=1e-4)
+            assert const["n"] == len(samples[key]) and const["median"] == pytest.approx(rates[f"{field}_s"], rel=1e-3)
         terms = next(s["terms_s"] for s in plan["stages"] if s["name"] == f"train/{kind}")
         assert set(terms) == {"start", "decode", other, "heldout", "checkpoint"}
         # 2-decimal rounding of the terms: abs 0.01
@@ -175,9 +179,11 @@ def test_calibrated_plan_of_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
         assert terms["checkpoint"] == pytest.approx(2 * rates["checkpoint_s"], abs=0.01)
         assert terms["start"] == pytest.approx(rates["start_s"], abs=0.01)
     ev = c["eval"]
+    assert len(ev["samples"]["token"]) == 3 * 2  # base, ES, GRPO x demo-add, demo-sub
     for task in ("demo-add", "demo-sub"):
-        assert len(ev["samples"][f"call.{task}"]) == 3  # base, ES, GRPO
-        assert ev["call_s"][task] == statistics.median(ev["samples"][f"call.{task}"])
+        assert ev["call_s"][task] == pytest.approx(statistics.median(ev["samples"]["token"]) * ev["tokens_per_call"][task])
+    assert plan["interval"]["low_s"] <= plan["wall_s"] <= plan["interval"]["high_s"]
+    assert len(c["load"]["before"]) == 3 and len(c["load"]["after"]) == 3
     base = next(s["terms_s"] for s in plan["stages"] if s["name"] == "eval/base")
     # 32 problems per task in calls of 256 // 8 = 32 problems: one sampled and one greedy call per task
     assert base["decode"] == pytest.approx(2 * (ev["call_s"]["demo-add"] + ev["call_s"]["demo-sub"]), abs=0.01)
@@ -193,7 +199,11 @@ def test_calibrated_plan_of_a_longer_run_as_a_user_runs_it(tmp_path, capfd):
     assert [r[0] for r in rows[:-1]] == ["eval/base", "train/es", "eval/es", "train/grpo", "eval/grpo", "offtask",
                                          "report"]
     assert all(r[3] != "—" for r in rows[:-1])  # every stage has a plan and a measured time
-    assert "Planned vs actual time" in (exp / "report" / "report.md").read_text()
+    report = (exp / "report" / "report.md").read_text()
+    assert "Planned vs actual time" in report
+    # the ES run's recorded response lengths (es_loop.lengths), with the run's 32-token cap
+    lengths = report.split("## Response lengths during training", 1)[1].split("\n## ", 1)[0]
+    assert "| ES | 32 | 512 |" in lengths  # 8 updates x N = 8 x B = 8 responses
     # the run made the counts the plan assumed: 8 timed updates, held-out at 0, 4, 8, checkpoints 4 and 8
     for kind in ("es", "grpo"):
         rows_k = [json.loads(x) for x in (exp / "runs" / kind / "metrics.jsonl").read_text().splitlines() if x]
@@ -209,18 +219,22 @@ def test_checkpoint_term_copies_and_hashes_every_file_and_cleans_up(tmp_path):
         for i in range(n):
             (d / f"x{i}.bin").write_bytes(bytes(range(256)) * 1000)
     work = tmp_path / "work"
-    seconds = cal._checkpoint_seconds([a, b], work)
+    from esreason.experiments.calibrate_read import checkpoint_seconds
+
+    seconds = checkpoint_seconds([a, b], work)
     assert seconds > 0 and not (work / "checkpoint-copy").exists()
 
 
-def _write_run(run, steps, heldouts, checkpoint_steps=(6,)):
-    """A hand-made ES run directory: metrics rows of the given (time/step, time/generate) per update,
-    held-out evaluations {update: seconds}, complete checkpoints."""
+def _write_run(run, steps, heldouts, checkpoint_steps=(6,), tokens=None):
+    """A hand-made ES run directory: metrics rows of the given (time/step, time/generate) per update
+    (and its generated ``tokens``), held-out evaluations {update: seconds}, complete checkpoints."""
     rows = []
     for u in range(len(steps) + 1):
         row = {"step": u}
         if u:
             row.update({"time/step": steps[u - 1][0], "time/generate": steps[u - 1][1]})
+            if tokens is not None:
+                row["tokens"] = tokens[u - 1]
         if u in heldouts:
             row.update({"heldout/time/generate_s": heldouts[u] - 0.5, "heldout/time/verify_s": 0.25,
                         "heldout/time/aggregate_s": 0.25})
@@ -234,44 +248,78 @@ def _write_run(run, steps, heldouts, checkpoint_steps=(6,)):
         (d / "COMPLETE").write_text("")
 
 
-def test_train_constants_are_steady_state_medians_and_the_warm_up_goes_to_start(tmp_path, monkeypatch):
+def _fixed_write(dirs, work):
+    return 0.5  # a fixed checkpoint write + hash
+
+
+def test_train_constants_are_steady_state_medians_and_the_warm_up_goes_to_start(tmp_path):
     """Update 1 is the warm-up (40 s: first use of every shape), update 5 a stall (25 s): neither sets
-    the per-update constants (medians of updates 2-6); the warm-up's excess is in ``start``; priced on
-    the calibration's own counts, the stage gives back its measured time (start is the rest)."""
-    monkeypatch.setattr(cal, "_checkpoint_seconds", lambda dirs, work: 0.5)  # a fixed write + hash
+    the per-update constants (medians of updates 2-6); the warm-up's excess is in ``start``, the stall
+    is not (it is an update's time, taken as measured). Without token counts generation is priced per
+    update."""
+    from esreason.experiments.calibrate_read import train_rates
+
     steps = [(40.0, 30.0), (4.0, 3.0), (4.2, 3.1), (3.9, 2.9), (25.0, 20.0), (4.1, 3.2)]
     run = tmp_path / "es"
     _write_run(run, steps, {0: 2.0, 2: 1.0, 4: 1.2, 6: 1.1})
-    rates = cal._train_rates(run, 100.0, "es", tmp_path / "work")
-    assert rates.samples["decode"] == [3.0, 3.1, 2.9, 20.0, 3.2] and rates.decode_s == 3.1
+    rates = train_rates(run, 100.0, "es", tmp_path / "work", writes=_fixed_write)
+    assert rates.samples["decode"] == [3.0, 3.1, 2.9, 20.0, 3.2] and rates.decode_s == 3.1 and "token" not in rates.samples
     assert rates.samples["update"] == pytest.approx([1.0, 1.1, 1.0, 5.0, 0.9])
     assert rates.update_s == pytest.approx(1.0)  # median, not the mean 1.8
     assert rates.heldout_s == pytest.approx(1.15) and len(rates.samples["heldout"]) == 4
     assert rates.checkpoint_s == 0.5 and rates.samples["checkpoint"] == [0.5] * cal.CHECKPOINT_REPEATS
     assert rates.warmup_s == pytest.approx(40.0 - 4.1)
-    # 100 s = start + 6 x 4.1 + 4 x 1.15 + 1 x 0.5
-    assert rates.start_s == pytest.approx(100.0 - 6 * 4.1 - 4 * 1.15 - 0.5)
+    # 100 s = start + the updates' 81.2 s + the held-out evaluations' 5.3 s + 1 checkpoint, with the
+    # warm-up's excess over a steady update (35.9 s) moved into start
+    assert rates.start_s == pytest.approx(100.0 - 81.2 - 5.3 - 0.5 + 35.9)
     spec = load_spec(DEMO, [])
     short = cal.calibration_spec(spec)
     terms = cal._train_terms(rates, short.es, "es", cal.CAL_UPDATES, {})
-    assert sum(terms.values()) == pytest.approx(100.0)
+    # priced on the calibration's own counts, the stage gives back its measured time less what the
+    # steady updates (the stall above all) took beyond 5 x the median and the held-out evaluations
+    # beyond 4 x theirs
+    assert sum(terms.values()) == pytest.approx(100.0 - (41.2 - 5 * 4.1) - (5.3 - 4 * 1.15))
     with pytest.raises(UserError, match="has 2 timed updates"):
         _write_run(tmp_path / "short", steps[:2], {})
-        cal._train_rates(tmp_path / "short", 10.0, "es", tmp_path / "work2")
+        train_rates(tmp_path / "short", 10.0, "es", tmp_path / "work2", writes=_fixed_write)
 
 
-def test_eval_constants_are_medians_over_the_evaluated_models(tmp_path):
+def test_generation_is_seconds_per_token_times_the_calibrations_tokens(tmp_path):
+    """Updates that generated different numbers of tokens at the same speed: the samples are the speed
+    (all equal), the work per update is the mean over every update, the warm-up's included."""
+    from esreason.experiments.calibrate_read import train_rates
+
+    tokens = [600, 400, 800, 500, 700, 600]
+    steps = [(t * 0.005 + 0.5, t * 0.005) for t in tokens]  # 5 ms per token, 0.5 s outside generation
+    steps[0] = (9.0, 8.0)  # the warm-up
+    _write_run(tmp_path / "es", steps, {}, tokens=tokens)
+    rates = train_rates(tmp_path / "es", 60.0, "es", tmp_path / "work", writes=_fixed_write)
+    assert rates.samples["token"] == pytest.approx([0.005] * 5) and "decode" not in rates.samples
+    assert rates.tokens_per_update == pytest.approx(600.0) and rates.decode_s == pytest.approx(3.0)
+    used: dict = {}
+    cal._train_terms(rates, load_spec(DEMO, []).es, "es", 20, used)
+    assert used["es.token"] == pytest.approx(20 * 3.0) and "es.decode" not in used
+
+
+def test_eval_constants_pool_seconds_per_token_over_models_and_tasks(tmp_path):
+    """Three models x two tasks: six samples of seconds per generated token (one a stall, 4x the
+    others), each task's calls priced at the pooled median times its own tokens per call."""
+    from esreason.experiments.calibrate_read import eval_rates
+
     record = {"methods": {"base": {}, "es": {}, "grpo": {}}, "timings": {}}
-    per_call = {"base": 8.4, "es": 2.0, "grpo": 2.2}  # a stalled call: one model's 4x the others'
-    for name, call in per_call.items():
+    speed = {"base": 0.008, "es": 0.002, "grpo": 0.0022}  # seconds per token; base's calls stalled
+    per_call = {"demo-add": 1000, "demo-sub": 500}  # generated tokens per call
+    for name, rate in speed.items():
         d = tmp_path / "eval" / name
         d.mkdir(parents=True)
-        timings = {"demo-add": {"generate_s": 2 * call, "generate_calls": 2, "verify_s": 0.33, "aggregate_s": 0.0,
-                                "responses": 33 * 64}}
+        timings = {task: {"generate_s": 2 * n * rate, "generate_calls": 2, "tokens": 2 * n, "verify_s": 0.33,
+                          "aggregate_s": 0.0, "responses": 33 * 64} for task, n in per_call.items()}
         (d / "summary.json").write_text(json.dumps({"timings": timings, "protocol": {"samples": 32, "greedy": True}}))
-        record["timings"][f"eval/{name}"] = 2 * call + 0.33 + 1.0
-    rates = cal._eval_rates(tmp_path, record)
-    assert rates.samples["call.demo-add"] == [8.4, 2.0, 2.2] and rates.call_s["demo-add"] == 2.2
+        record["timings"][f"eval/{name}"] = sum(t["generate_s"] for t in timings.values()) + 2 * 0.33 + 1.0
+    rates = eval_rates(tmp_path, record)
+    assert sorted(rates.samples["token"]) == pytest.approx([0.002, 0.002, 0.0022, 0.0022, 0.008, 0.008])
+    assert rates.token_s == pytest.approx(0.0022) and rates.tokens_per_call == {"demo-add": 1000, "demo-sub": 500}
+    assert rates.call_s["demo-add"] == pytest.approx(2.2) and rates.call_s["demo-sub"] == pytest.approx(1.1)
     assert rates.verify_s["demo-add"] == pytest.approx(0.33 / 64)
     assert rates.start_s == pytest.approx(1.0)
 
@@ -281,7 +329,7 @@ def _noisy_calibration(decode, verify=(0.001, 0.001, 0.001)) -> cal.Calibration:
     es = cal.TrainRates(start_s=2.0, decode_s=sorted(decode)[len(decode) // 2], update_s=0.5, heldout_s=1.25,
                         checkpoint_s=0.1, samples={"decode": list(decode), "update": [0.5, 0.5, 0.5]})
     ev = cal.EvalRates(start_s=3.0, call_s=base.eval.call_s, verify_s=base.eval.verify_s,
-                       samples={"call.demo-add": [2.5, 2.4, 2.6], "verify.demo-add": list(verify)})
+                       samples={"token": [0.0025, 0.0024, 0.0026], "verify.demo-add": list(verify)})
     return cal.Calibration(es=es, grpo=base.grpo, eval=ev, report_s=2.0, report_methods=3, machine="test", seconds=60.0)
 
 
@@ -305,6 +353,21 @@ def test_a_plan_whose_constants_spread_over_the_bound_is_refused():
     with pytest.raises(UserError, match="--max-spread: expected a number > 0"):
         cal.calibrated_plan(spec, fake_calibration(), max_spread=0.0)
     assert "es.decode" in cal.render_calibrated(steady)
+
+
+def test_the_plans_own_interval_follows_the_constants_spread():
+    """The bootstrap carries each constant's samples to the total, in proportion to the seconds it prices:
+    steady samples give a point, a noisy constant a band around the plan, the wider the more it prices."""
+    from esreason.experiments.calibrate_check import interval
+
+    steady = interval({"es.token": [1.0, 1.0, 1.0, 1.0, 1.0]}, {"es.token": 60.0}, 100.0)
+    assert steady["low_s"] == steady["high_s"] == 100.0 and steady["half_width"] == 0.0
+    noisy = interval({"es.token": [0.8, 0.9, 1.0, 1.1, 1.3]}, {"es.token": 60.0}, 100.0)
+    assert noisy["low_s"] < 100.0 < noisy["high_s"] and noisy["level"] == 0.9
+    wider = interval({"es.token": [0.8, 0.9, 1.0, 1.1, 1.3]}, {"es.token": 90.0}, 100.0)
+    assert wider["half_width"] == pytest.approx(noisy["half_width"] * 1.5, rel=1e-6)
+    assert interval({"x": [1.0]}, {"x": 50.0}, 100.0)["half_width"] == 0.0  # one sample: nothing to resample
+    assert noisy == interval({"es.token": [0.8, 0.9, 1.0, 1.1, 1.3]}, {"es.token": 60.0}, 100.0)  # fixed seed
 
 
 def test_a_bad_max_spread_is_refused_before_the_calibration_runs(monkeypatch, capsys):

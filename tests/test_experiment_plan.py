@@ -35,6 +35,9 @@ def _paper_specs():
     return {p.name: load_spec(p) for p in sorted(EXPERIMENTS.glob("*.yaml")) if not p.name.startswith("demo")}  # demo*.yaml: CPU demos
 
 
+ONE_AND_A_HALF_B = {"Qwen/Qwen2.5-1.5B-Instruct", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"}
+
+
 def test_paper_configs_resolve_to_the_vllm_layouts():
     specs = _paper_specs()
     assert {s.model for n, s in specs.items() if n.startswith("easy")} == EASY_MODELS
@@ -42,7 +45,10 @@ def test_paper_configs_resolve_to_the_vllm_layouts():
         es, grpo, ev = spec.es, spec.grpo, spec.eval
         # every GPU of the node: engines x GPUs per engine (tensor parallel at 14B and 32B)
         tp = es.backend.tensor_parallel_size
-        assert (es.backend.type, es.backend.engines * tp, es.backend.update) == ("ray", 8, "sharded"), name
+        # 1.5B: several engines per GPU (auto), whose update cannot be the sharded one (NCCL); else one per GPU
+        update = "replicated" if spec.model in ONE_AND_A_HALF_B else "sharded"
+        assert (es.backend.type, es.backend.engines * tp, es.backend.update) == ("ray", 8, update), name
+        assert es.backend.engines_per_gpu == "auto", name
         assert es.dtype == "bfloat16" and es.device == "cuda", name
         assert grpo.grpo.use_vllm and grpo.grpo.vllm_mode == "colocate" and grpo.device == "cuda", name
         assert (ev.backend, ev.engines * ev.tensor_parallel_size) == ("vllm", 8), name
@@ -80,11 +86,13 @@ def test_easy_plan_on_8_gpus_runs_every_generation_on_vllm(easy):
 
     mean = LengthModel(250, 0.6, tab.RUNAWAY_SHARE["instruct"].value).mean(2048)  # with a share at the cap
     assert by["eval/es"]["tokens"] == pytest.approx(EASY_PROBLEMS * 33 * mean, abs=1)
-    assert "sharded update" in by["train/es"]["runs_on"] and "8 processes" in by["train/grpo"]["runs_on"]
+    # engines_per_gpu: auto -> 4 per H100 with the replicated update (memplan_engines)
+    assert "32 vLLM engines (Ray pool, 4 per GPU on 8 GPUs; replicated update)" in by["train/es"]["runs_on"]
+    assert "8 processes" in by["train/grpo"]["runs_on"]
     assert plan["total_gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in plan["stages"]), abs=0.05)
     assert plan["wall_hours"] == pytest.approx(sum(s["wall_hours"] for s in plan["stages"]), abs=0.05)
     for a in plan["assumptions"]:
-        assert a["source"].split(":")[0] in ("published", "datasheet", "dataset", "derived", "assumption",
+        assert a["source"].split(":")[0] in ("published", "cited", "datasheet", "dataset", "derived", "assumption",
                                              "assumption (ours)", "esreason default", "measured",
                                              "measured on one H100"), a
     keys = {a["key"] for a in plan["assumptions"]}
@@ -124,7 +132,8 @@ def test_larger_models_shard_grpo_and_cost_more():
     assert not any("gpu0_with_trainer needs" in n for n in notes)
     es7 = next(s for s in plans["easy-qwen2.5-7b.yaml"]["stages"] if s["name"] == "train/es")
     assert es7["memory_gib_per_gpu"]["gpu0_with_trainer"] < 80 < es7["memory_gib_per_gpu"]["trainer_host"] + 48
-    assert not plans["easy.yaml"]["notes"]
+    assert plans["easy.yaml"]["notes"] == ["ES stages: backend.engines_per_gpu: auto -> 4 on NVIDIA H100 80GB "
+                                           "(one member per engine (32 members on 8 GPUs))"]
     hard = build_plan(specs["hard.yaml"], 8)
     assert any(a["key"] == "response_tokens.r1-distill" for a in hard["assumptions"])
 
@@ -276,18 +285,19 @@ def test_measured_lengths_replace_the_assumed_distribution(tmp_path, easy):
     lengths = [int(x) for x in rng.integers(20, 600, size=3000)]
     _write_responses(tmp_path / "eval" / "es" / "gsm8k", lengths[:2000], greedy_lengths=[5000] * 50)
     _write_responses(tmp_path / "eval" / "base" / "gsm8k", lengths[2000:])
-    measured = read_lengths(tmp_path)
-    assert len(measured.lengths) == 3000  # greedy rows left out
+    recorded = read_lengths(tmp_path)
+    measured = recorded.eval
+    assert recorded.train is None and len(measured.lengths) == 3000  # greedy rows left out
     assert measured.mean(10_000) == pytest.approx(np.mean(lengths))
     draws = np.array(lengths)[rng.integers(0, 3000, size=(20_000, 64))].max(axis=1)
     assert measured.longest(64, 10_000) == pytest.approx(draws.mean(), rel=0.01)
     assert measured.longest(64, 300) == pytest.approx(np.minimum(draws, 300).mean(), rel=0.01)
 
-    plan = build_plan(easy, 8, lengths=measured)
+    plan = build_plan(easy, 8, lengths=recorded)
     by = {s["name"]: s for s in plan["stages"]}
     assert by["eval/es"]["tokens"] == round(EASY_PROBLEMS * 33 * np.mean(lengths))
     keys = {a["key"]: a for a in plan["assumptions"]}
-    assert "response_tokens.measured" in keys and keys["response_tokens.measured"]["source"].startswith("measured:")
+    assert keys["response_tokens.measured.eval"]["source"].startswith("measured:")  # every stage: no training lengths
     assert "response_cv.instruct" not in keys  # the tail came from the records, not the lognormal
     default = {s["name"]: s for s in build_plan(easy, 8)["stages"]}
     assert by["train/es"]["terms_s"]["tail"] != default["train/es"]["terms_s"]["tail"]
@@ -298,7 +308,7 @@ def test_bad_lengths_input_is_one_clear_error(tmp_path):
 
     with pytest.raises(UserError, match="is not a directory"):
         read_lengths(tmp_path / "missing")
-    with pytest.raises(UserError, match="no sampled responses"):
+    with pytest.raises(UserError, match="no recorded lengths"):
         read_lengths(tmp_path)
     (tmp_path / "responses.jsonl").write_text('{"num_tokens": 3}\nnot json\n')
     with pytest.raises(UserError, match=r"responses.jsonl row 2: not a response record"):

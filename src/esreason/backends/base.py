@@ -74,6 +74,8 @@ class PopulationResult:
     formatted: [N, B] followed the final-answer format.
     tokens: generated tokens in total.
     timings: seconds per phase ('generate', 'reward').
+    lengths: [N, B] generated tokens of each response (stop token excluded; ``max_new_tokens`` where
+        it ended at the cap), or None from an evaluator that does not report them.
     """
 
     rewards: np.ndarray
@@ -81,6 +83,7 @@ class PopulationResult:
     formatted: np.ndarray
     tokens: int
     timings: dict[str, float] = field(default_factory=dict)
+    lengths: np.ndarray | None = None
 
     @property
     def member_rewards(self) -> np.ndarray:

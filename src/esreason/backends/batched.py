@@ -111,7 +111,8 @@ class BatchedEvaluator:
                 rewards[i, j], correct[i, j], formatted[i, j] = v.reward, v.correct, v.formatted
         t_rew = time.perf_counter() - t0
         timings = {"generate": t_gen, "reward": t_rew, "stack": self.stats.seconds.get("stack", 0.0)}
-        return PopulationResult(rewards, correct, formatted, sum(g.num_tokens for g in gens), timings)
+        lengths = np.array([[len(ids) for ids in g.token_ids] for g in gens], dtype=np.int64).reshape(n, b)
+        return PopulationResult(rewards, correct, formatted, sum(g.num_tokens for g in gens), timings, lengths)
 
     def after_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float, step: int) -> None:
         return None  # the centre is the policy's model, updated in place by the trainer

@@ -69,6 +69,13 @@ class MemberOutput:
     texts: list[str]
     num_tokens: int
     seconds: float
+    lengths: tuple[int, ...] = ()
+    """Generated tokens of each response, in prompt order (empty from an engine that does not report them)."""
+
+    @classmethod
+    def of(cls, index: int, gen: Generation, seconds: float) -> "MemberOutput":
+        """The output of one member's generate call."""
+        return cls(index, list(gen.texts), gen.num_tokens, seconds, tuple(len(ids) for ids in gen.token_ids))
 
 
 @runtime_checkable
@@ -328,7 +335,7 @@ class HFEngine:
             seconds = time.perf_counter() - t0
         finally:
             self.policy.restore()
-        return MemberOutput(index, list(gen.texts), gen.num_tokens, seconds)
+        return MemberOutput.of(index, gen, seconds)
 
     def apply_update(self, seeds: Sequence[int], weights: Sequence[float], alpha: float) -> float:
         norm = self.policy.apply_update(seeds, weights, alpha)
@@ -380,6 +387,7 @@ class ResultCollector:
         self.correct = np.zeros((size, b), dtype=bool)
         self.formatted = np.zeros((size, b), dtype=bool)
         self.done = np.zeros(size, dtype=bool)
+        self.lengths: np.ndarray | None = np.zeros((size, b), dtype=np.int64)
         self.tokens = 0
         self.engine_seconds = 0.0
         self.reward_seconds = 0.0
@@ -395,6 +403,10 @@ class ResultCollector:
                 v.reward, v.correct, v.formatted)
         self.reward_seconds += time.perf_counter() - t0
         self.done[out.index] = True
+        if self.lengths is not None and len(out.lengths) == len(self.golds):
+            self.lengths[out.index] = out.lengths
+        else:  # an engine that does not report them: the update has no length record
+            self.lengths = None
         self.tokens += out.num_tokens
         self.engine_seconds += out.seconds
 
@@ -406,4 +418,4 @@ class ResultCollector:
             raise RuntimeError(f"members {missing.tolist()} were never evaluated")
         timings = {"generate": max(0.0, wall_seconds - self.reward_seconds), "reward": self.reward_seconds,
                    "engine_generate": self.engine_seconds}
-        return PopulationResult(self.rewards, self.correct, self.formatted, self.tokens, timings)
+        return PopulationResult(self.rewards, self.correct, self.formatted, self.tokens, timings, self.lengths)

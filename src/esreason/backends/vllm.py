@@ -301,7 +301,7 @@ class VLLMEngine:
             seconds = time.perf_counter() - t0
         finally:
             self._rpc("es_restore")
-        return MemberOutput(index, gen.texts, gen.num_tokens, seconds)
+        return MemberOutput.of(index, gen, seconds)
 
     def run_members(self, indices: Sequence[int], seeds: Sequence[int], sigmas: Sequence[float],
                     prompts: Sequence[str], params: Sequence[SamplingParams]) -> list[MemberOutput]:

@@ -30,6 +30,7 @@ def evaluate_population(policy: PerturbablePolicy, generator: Generator, populat
     rewards = np.zeros((n, b), dtype=np.float64)
     correct = np.zeros((n, b), dtype=bool)
     formatted = np.zeros((n, b), dtype=bool)
+    lengths = np.zeros((n, b), dtype=np.int64)
     tokens = 0
     t_gen = t_rew = 0.0
     for i, (seed, sign) in enumerate(zip(population.seeds, population.signs)):
@@ -45,7 +46,8 @@ def evaluate_population(policy: PerturbablePolicy, generator: Generator, populat
             rewards[i, j], correct[i, j], formatted[i, j] = v.reward, v.correct, v.formatted
         t_rew += time.perf_counter() - t0
         tokens += gen.num_tokens
-    return PopulationResult(rewards, correct, formatted, tokens, {"generate": t_gen, "reward": t_rew})
+        lengths[i] = [len(ids) for ids in gen.token_ids]
+    return PopulationResult(rewards, correct, formatted, tokens, {"generate": t_gen, "reward": t_rew}, lengths)
 
 
 class SequentialEvaluator:

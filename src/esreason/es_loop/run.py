@@ -250,15 +250,17 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
     truncate_after = (start_step if start_step else -1) if resume or fresh_over_leftovers else None
     from esreason.es_loop.select import build_evaluator
+    from esreason.experiments.memplan_engines import resolve_at_run
 
+    pool_cfg = resolve_at_run(cfg)  # backend.engines_per_gpu: auto -> K for this machine's GPU (memplan_engines)
     # Before metrics.jsonl exists: a backend that fails to start (bad Ray address, too many
     # engines) must not leave a directory that "already holds a run".
-    evaluator = build_evaluator(cfg, policy, generator, tokenizer)
+    evaluator = build_evaluator(pool_cfg, policy, generator, tokenizer)
     try:
         from esreason.es_loop.select import describe_evaluator
         from esreason.io.atomic import atomic_write_json
 
-        atomic_write_json(out / BACKEND_FILE, describe_evaluator(cfg, evaluator))
+        atomic_write_json(out / BACKEND_FILE, describe_evaluator(pool_cfg, evaluator))
         sampler = heldout_generator(evaluator, policy, generator, tokenizer)
         heldout = make_heldout(cfg, sampler, tokenizer)
         from esreason.io.wandb_log import wandb_metrics
@@ -281,6 +283,9 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
                 logger.sample = es_completions(trainer, sampler, wandb_cfg.table_rows)
             result = trainer.train(start_step=start_step, progress=progress)
         record_in_manifest(out, cfg, model, updates=updates, finished=True)
+        from esreason.es_loop.lengths import record_in_manifest as record_lengths
+
+        record_lengths(out, cfg.generation.max_new_tokens)  # the run's response lengths (es_loop.lengths)
         return result
     finally:
         evaluator.close()

@@ -178,6 +178,9 @@ class ESTrainer:
             "tokens_per_s": result.tokens / max(step_time, 1e-9),
             **per_function,
         }
+        from esreason.es_loop.lengths import length_metrics
+
+        metrics.update(length_metrics(result.lengths, self.cfg.generation.max_new_tokens))  # per member and update
         if probe is not None:
             metrics.update(probe.finish())  # samples the updated centre (read-only)
         return metrics

@@ -8,24 +8,27 @@ the run's (same torch threads), and reads the constants from the records that ru
 Each per-repetition constant is the *median* of several samples, and its spread is checked
 (:mod:`esreason.experiments.calibrate_check`):
 
-- **ES** (``runs/es/metrics.jsonl``): per update, ``time/generate`` is the ``decode`` sample and
-  ``time/step - time/generate`` (perturb, reward, restore, update) the ``update`` sample; the first
-  WARMUP_UPDATES updates are the warm-up (first use of every kernel and buffer shape) and are not
-  samples: their excess over the steady median goes to ``start`` (recorded as ``warmup_s``).
-  Held-out evaluation (``heldout/time/*``): one sample per periodic evaluation; the calibration
-  evaluates every HELDOUT_EVERY updates (same problems, samples and lengths as configured) so that
-  there are several.
-- **GRPO** (``runs/grpo/metrics.jsonl``): the same with ``time/rollout`` as ``decode`` and the rest
+- **ES** (``runs/es/metrics.jsonl``): per update, ``time/generate`` over the update's ``tokens`` is a
+  sample of seconds per generated token, and ``time/step - time/generate`` (perturb, reward, restore,
+  update) the ``update`` sample; the first WARMUP_UPDATES updates are the warm-up (first use of every
+  kernel and buffer shape) and are not samples: their excess over a steady update goes to ``start``
+  (recorded as ``warmup_s``). The plan's generation per update is the median seconds per token times
+  the calibration's mean tokens per update (:mod:`esreason.experiments.calibrate_read`: the work, fixed
+  by the models and seeds, apart from the machine's speed). Held-out evaluation (``heldout/time/*``):
+  one sample per periodic evaluation; the calibration evaluates every HELDOUT_EVERY updates (same
+  problems, samples and lengths as configured) so that there are several.
+- **GRPO** (``runs/grpo/metrics.jsonl``): the same with ``time/rollout`` as generation and the rest
   of ``time/step`` as ``train``; held-out: ``time/heldout``.
-- **evaluation** (``eval/<m>/summary.json``): per evaluated model and task, seconds per generate call
-  (``timings.<task>.generate_s / generate_calls``: one call is ``eval.batch_size // samples``
-  problems x samples rows, and its greedy call) and verification + aggregation per problem; the
-  median over the calibration's evaluated models (base, ES, GRPO: three samples per task). Streamed
-  evaluation (vLLM engines, :mod:`esreason.eval.streamed`) reports each task's share of the stream
-  as ``generate_s`` over the calls its problems fill, and its verification overlaps generation.
-- **start**: a stage's measured wall time (the runner's ``timings``) minus what the medians above
-  explain -- process work before the first update (model and task loading, imports on first use),
-  the warm-up updates' excess, and writing the run's records.
+- **evaluation** (``eval/<m>/summary.json``): per evaluated model and task, ``generate_s`` over its
+  ``tokens`` is a sample of seconds per generated token, pooled over models and tasks; a task's seconds
+  per generate call (one call is ``eval.batch_size // samples`` problems x samples rows, and its greedy
+  call) are that median times the task's mean tokens per call; verification + aggregation per problem:
+  the median over the calibration's evaluated models (base, ES, GRPO). Streamed evaluation (vLLM
+  engines, :mod:`esreason.eval.streamed`) reports each task's share of the stream as ``generate_s``
+  over the calls its problems fill, and its verification overlaps generation.
+- **start**: a stage's measured wall time (the runner's ``timings``) minus what its updates, held-out
+  evaluations and checkpoints took -- process work before the first update (model and task loading,
+  imports on first use), the warm-up updates' excess, and writing the run's records.
 - **checkpoint**: writing the calibration run's final checkpoint once more (same bytes, fsync'd) and
   reading it back for its sha256, as the checkpoint manifest does; CHECKPOINT_REPEATS samples.
 - **report**: the calibration's report build, scaled by the number of evaluated methods (its figures,
@@ -38,6 +41,10 @@ training stage ``start + U x (decode + update) + H(U) x heldout + C(U) x checkpo
 the held-out evaluations and checkpoints a U-update stage makes), per evaluation ``start + calls x
 call_s + problems x verify_s``, one report. Priced on the calibration's own spec, this structure
 gives back the calibration's measured stage times (``start`` is defined as the rest).
+
+The calibration's own spread is carried to the plan's total by a bootstrap over every constant's
+samples (``interval``: :func:`esreason.experiments.calibrate_check.interval`), and the machine's load
+average before and after the calibration is recorded beside it (``calibration.load``).
 
 Why medians and a spread check: torch's intra-op threads (one per core) wait for each other at
 every operator, and a tiny model's operators take microseconds, so any other runnable process on a
@@ -62,12 +69,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
-import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -77,56 +81,16 @@ from typing import Any
 
 from esreason.errors import UserError
 from esreason.experiments import calibrate_check as check
+from esreason.experiments.calibrate_read import (CHECKPOINT_REPEATS, WARMUP_UPDATES, EvalRates, TrainRates,
+                                                 eval_rates, load_average, machine, train_rates)
 from esreason.experiments.spec import ExperimentSpec, MethodSpec, run_stages
 
-#: Updates at the start of each calibration run that are warm-up, not samples (their excess is ``start``).
-WARMUP_UPDATES = 1
 #: Steady-state updates of each trained kind in the calibration run: the samples of its medians.
 MEASURED_UPDATES = 5
 #: Updates of each trained kind in the calibration run.
 CAL_UPDATES = WARMUP_UPDATES + MEASURED_UPDATES
 #: The calibration's held-out period (when the config has one): updates 0, 2, 4, 6 give 4 samples.
 HELDOUT_EVERY = 2
-#: Times the calibration writes and hashes a checkpoint (samples of the checkpoint constant).
-CHECKPOINT_REPEATS = 3
-#: Bytes per read/write when the calibration copies and hashes a checkpoint.
-CHUNK = 64 * 2**20
-
-
-@dataclass(frozen=True)
-class TrainRates:
-    """Measured constants of one training kind (ES or GRPO) on this machine (medians of ``samples``)."""
-
-    start_s: float
-    """Stage wall time not explained by updates, held-out evaluations and checkpoints (warm-up included)."""
-    decode_s: float
-    """Seconds of generation per update (ES: all members' rollouts; GRPO: the rollout batch)."""
-    update_s: float
-    """Seconds per update outside generation (ES: perturb, reward, restore, update; GRPO: the
-    optimizer steps, loss and reward computation)."""
-    heldout_s: float
-    """Seconds per periodic held-out evaluation (0 when the config has ``eval.every: 0``)."""
-    checkpoint_s: float
-    """Seconds to write one checkpoint and read it back for its sha256."""
-    warmup_s: float = 0.0
-    """The warm-up updates' seconds beyond the steady median (part of ``start_s``; shown, not added)."""
-    samples: dict[str, list[float]] = dataclasses.field(default_factory=dict)
-    """Samples per constant (``decode``, ``update``, ``heldout``, ``checkpoint``), seconds."""
-
-
-@dataclass(frozen=True)
-class EvalRates:
-    """Measured constants of the evaluation harness on this machine (medians over evaluated models)."""
-
-    start_s: float
-    """Evaluation wall time not explained by generate calls and verification (model load,
-    bootstrap set-up, writing the summary)."""
-    call_s: dict[str, float]
-    """Seconds per generate call, per task (a sampled call and a greedy call averaged)."""
-    verify_s: dict[str, float]
-    """Seconds of verification and aggregation per problem, per task."""
-    samples: dict[str, list[float]] = dataclasses.field(default_factory=dict)
-    """Samples per constant (``call.<task>``, ``verify.<task>``, ``start``), one per evaluated model."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +109,8 @@ class Calibration:
     """Wall time of the calibration itself."""
     offtask_s: float = 0.0
     """The calibration's off-task drift stage (``analysis.offtask``), seconds; 0 without one."""
+    load: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The machine's 1, 5 and 15-minute load averages ``before`` and ``after`` the calibration."""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -199,110 +165,6 @@ def calibration_spec(spec: ExperimentSpec) -> ExperimentSpec:
                                eval=dataclasses.replace(spec.eval, limit=limit))
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _checkpoint_seconds(directories: list[Path], work: Path) -> float:
-    """Write the checkpoint's bytes once more (fsync'd) and hash them back, as a checkpoint write does."""
-    files = [p for d in directories for p in sorted(d.rglob("*")) if p.is_file()]
-    t0 = time.perf_counter()
-    target = work / "checkpoint-copy"
-    target.mkdir(parents=True)
-    for i, src in enumerate(files):  # streamed: a 7B checkpoint is 15 GB
-        with open(src, "rb") as fin, open(target / f"f{i}", "wb") as fout:
-            shutil.copyfileobj(fin, fout, CHUNK)
-            fout.flush()
-            os.fsync(fout.fileno())
-    for i in range(len(files)):
-        digest = hashlib.sha256()
-        with open(target / f"f{i}", "rb") as fh:
-            while block := fh.read(CHUNK):
-                digest.update(block)
-    shutil.rmtree(target)
-    return time.perf_counter() - t0
-
-
-def _train_rates(run: Path, seconds: float, kind: str, work: Path) -> TrainRates:
-    """The constants of one calibration run: medians over the steady-state updates (after
-    WARMUP_UPDATES), over its held-out evaluations and over CHECKPOINT_REPEATS checkpoint writes."""
-    rows = _rows(run / "metrics.jsonl")
-    steps = [r for r in rows if "time/step" in r]
-    if len(steps) < WARMUP_UPDATES + 2:
-        raise UserError(f"calibration: {run / 'metrics.jsonl'} has {len(steps)} timed updates; expected {CAL_UPDATES}")
-    gen_key = "time/generate" if kind == "es" else "time/rollout"
-    warm, steady = steps[:WARMUP_UPDATES], steps[WARMUP_UPDATES:]
-    decode = [float(r.get(gen_key, 0.0)) for r in steady]
-    update = [float(r["time/step"]) - float(r.get(gen_key, 0.0)) for r in steady]
-    if kind == "es":
-        held = [r["heldout/time/generate_s"] + r.get("heldout/time/verify_s", 0.0) + r.get("heldout/time/aggregate_s", 0.0)
-                for r in rows if "heldout/time/generate_s" in r]
-    else:
-        held = [r["time/heldout"] for r in rows if "time/heldout" in r]
-    from esreason.io.rundir import RunDir
-
-    latest = RunDir(run).latest_checkpoint()
-    if latest is None:
-        raise UserError(f"calibration: no checkpoint under {run}")
-    n_ckpt = len([p for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")])
-    # GRPO writes TRL's checkpoint (weights, optimizer, RNG) beside ours at every period
-    directories = [latest[1]] + ([run / "trl" / f"checkpoint-{latest[0]}"] if kind == "grpo" else [])
-    ckpt = [_checkpoint_seconds([d for d in directories if d.is_dir()], work / f"ckpt-{kind}-{i}")
-            for i in range(CHECKPOINT_REPEATS)]
-    step_s = check.median(decode) + check.median(update)
-    heldout_s, ckpt_s = check.median(held), check.median(ckpt)
-    start_s = seconds - len(steps) * step_s - len(held) * heldout_s - n_ckpt * ckpt_s
-    return TrainRates(start_s=max(0.0, start_s), decode_s=check.median(decode), update_s=check.median(update),
-                      heldout_s=heldout_s, checkpoint_s=ckpt_s,
-                      warmup_s=sum(float(r["time/step"]) for r in warm) - len(warm) * step_s,
-                      samples={"decode": decode, "update": update, "heldout": held, "checkpoint": ckpt})
-
-
-def _eval_rates(exp: Path, record: dict[str, Any]) -> EvalRates:
-    """Per task, the median over the evaluated models of seconds per call and per verified problem."""
-    calls: dict[str, list[float]] = {}
-    verify: dict[str, list[float]] = {}
-    starts = []
-    for name in record["methods"]:
-        summary = json.loads((exp / "eval" / name / "summary.json").read_text())
-        # streamed (eval.streamed): verification overlaps generation, inside each task's generate_s share
-        overlapped = summary["timings"].get("total", {}).get("schedule") == "stream"
-        explained = 0.0
-        for task, t in summary["timings"].items():
-            if task == "total":
-                continue
-            calls.setdefault(task, []).append(t["generate_s"] / max(1, t["generate_calls"]))
-            problems = max(1, t["responses"] // (summary["protocol"]["samples"] + (1 if summary["protocol"].get("greedy") else 0)))
-            serial = t.get("aggregate_s", 0.0) + (0.0 if overlapped else t["verify_s"])
-            verify.setdefault(task, []).append(serial / problems)
-            explained += t["generate_s"] + serial
-        starts.append(record["timings"][f"eval/{name}"] - explained)
-    samples = {**{f"call.{k}": v for k, v in calls.items()}, **{f"verify.{k}": v for k, v in verify.items()},
-               "start": starts}
-    return EvalRates(start_s=max(0.0, check.median(starts)),
-                     call_s={k: check.median(v) for k, v in calls.items()},
-                     verify_s={k: check.median(v) for k, v in verify.items()}, samples=samples)
-
-
-def machine() -> str:
-    """This machine in one line: CPU model, cores, torch's intra-op threads, or the GPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from esreason import openmp
-
-    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, {openmp.describe()}"
-
-
 def calibrate(spec: ExperimentSpec, work: str | Path | None = None, log: Any = None) -> Calibration:
     """Run the short experiment in ``work`` (a temporary directory by default) and measure.
 
@@ -315,7 +177,7 @@ def calibrate(spec: ExperimentSpec, work: str | Path | None = None, log: Any = N
     from esreason.experiments.runner import run_experiment
     from esreason.report import build_report
 
-    t0 = time.perf_counter()
+    t0, before = time.perf_counter(), load_average()
     short = calibration_spec(spec)
     exp = Path(work) / "experiment"
     result = run_experiment(short, exp, progress=False, report=False, log=log or (lambda s: None))
@@ -326,10 +188,11 @@ def calibrate(spec: ExperimentSpec, work: str | Path | None = None, log: Any = N
     rates = {}
     for kind in ("es", "grpo"):
         if kind in short.trained_kinds():
-            rates[kind] = _train_rates(exp / "runs" / kind, record["timings"][f"train/{kind}"], kind, Path(work))
-    return Calibration(es=rates.get("es"), grpo=rates.get("grpo"), eval=_eval_rates(exp, record),
+            rates[kind] = train_rates(exp / "runs" / kind, record["timings"][f"train/{kind}"], kind, Path(work))
+    return Calibration(es=rates.get("es"), grpo=rates.get("grpo"), eval=eval_rates(exp, record),
                        report_s=report_s, report_methods=len(record["methods"]), machine=machine(),
-                       seconds=time.perf_counter() - t0, offtask_s=float(record["timings"].get("offtask", 0.0)))
+                       seconds=time.perf_counter() - t0, offtask_s=float(record["timings"].get("offtask", 0.0)),
+                       load={"before": before, "after": load_average()})
 
 
 def _task_problems(spec: ExperimentSpec, task: str) -> int:
@@ -363,8 +226,10 @@ def _train_terms(rates: TrainRates, cfg: Any, kind: str, updates: int, used: dic
              _term(kind, "update"): updates * rates.update_s,
              "heldout": _heldouts(cfg, updates) * rates.heldout_s,
              "checkpoint": _checkpoints(cfg, updates) * rates.checkpoint_s}
-    for term in ("decode", _term(kind, "update"), "heldout", "checkpoint"):
-        used[f"{kind}.{term}"] = used.get(f"{kind}.{term}", 0.0) + terms[term]
+    generation = "token" if "token" in rates.samples else "decode"  # the constant that prices generation
+    for term, key in (("decode", generation), (_term(kind, "update"), _term(kind, "update")), ("heldout", "heldout"),
+                      ("checkpoint", "checkpoint")):
+        used[f"{kind}.{key}"] = used.get(f"{kind}.{key}", 0.0) + terms[term]
     return terms
 
 
@@ -376,7 +241,7 @@ def _eval_terms(cal: Calibration, spec: ExperimentSpec, used: dict[str, float]) 
         calls = math.ceil(problems / per_call) * (2 if spec.eval.greedy else 1)
         decode += calls * cal.eval.call_s[task]
         verify += problems * cal.eval.verify_s[task]
-        for key, seconds in ((f"eval.call.{task}", calls * cal.eval.call_s[task]),
+        for key, seconds in (("eval.token", calls * cal.eval.call_s[task]),
                              (f"eval.verify.{task}", problems * cal.eval.verify_s[task])):
             used[key] = used.get(key, 0.0) + seconds
     used["eval.start"] = used.get("eval.start", 0.0) + cal.eval.start_s
@@ -416,18 +281,26 @@ def calibrated_plan(spec: ExperimentSpec, cal: Calibration,
                  for k, v in samples.items()}
     return {"experiment": spec.name, "model": spec.model, "calibrated": True, "machine": cal.machine,
             "stages": stages, "wall_s": round(total, 1), "wall_hours": round(total / 3600, 3),
+            "interval": check.interval(samples, used, total),
             "calibration": cal.as_dict(), "constants": constants,
             "max_spread": max_spread, "material_share": check.MATERIAL_SHARE,
             "notes": ["every constant measured on this machine by a short run of the same experiment "
                       f"({CAL_UPDATES} updates per trained kind, the first {WARMUP_UPDATES} as warm-up and the "
                       f"other {MEASURED_UPDATES} as samples; one generate call per task and evaluated model; "
-                      f"{cal.seconds:.0f} s); each constant is the median of its samples"
+                      f"{cal.seconds:.0f} s; load average {_load(cal.load)}); each constant is the median of its "
+                      "samples, generation in seconds per generated token times the calibration's tokens"
                       + ("" if max_spread is None else f", and none that prices {100 * check.MATERIAL_SHARE:.0f} % "
                          f"of the plan or more spreads over {max_spread:g} ((max - min) / median)")
                       + "; trained models' evaluations are priced at the calibration's "
                       "response lengths; the report term scales the calibration's report by the number of evaluated "
                       "methods (assumption, checked on the demo); the run's machine must be as idle as the "
                       "calibration's"]}
+
+
+def _load(load: dict[str, Any]) -> str:
+    """``2.1 before, 1.9 after`` (1-minute averages), or ``unknown``."""
+    got = [f"{load[k][0]:g} {k}" for k in ("before", "after") if load.get(k)]
+    return ", ".join(got) or "unknown"
 
 
 def calibrate_and_print(spec: ExperimentSpec, as_json: bool, max_spread: float | None = check.MAX_SPREAD) -> None:
@@ -459,7 +332,11 @@ def render_calibrated(plan: dict[str, Any]) -> str:
     for s in plan["stages"]:
         terms = "  ".join(f"{k} {v:,.1f}" for k, v in s["terms_s"].items() if v)
         lines.append(f"{s['name']:<34} {s['wall_s']:>8,.1f}  {terms}")
-    lines += ["", f"total: {plan['wall_s']:,.0f} s ({plan['wall_hours']:.2f} h)", "",
+    band = plan.get("interval") or {}
+    spread = (f"; the calibration's own spread: {100 * band['level']:.0f} % of bootstrap plans within "
+              f"{band['low_s']:,.0f}-{band['high_s']:,.0f} s, +/- {100 * band['half_width']:.1f} %"
+              if band.get("half_width") is not None else "")
+    lines += ["", f"total: {plan['wall_s']:,.0f} s ({plan['wall_hours']:.2f} h){spread}", "",
               f"{'constant':<24} {'median s':>9} {'samples':>7} {'spread':>7}  plan s"]
     for name, c in plan.get("constants", {}).items():
         spread = "—" if c["spread"] is None else f"{c['spread']:.2f}"

@@ -49,8 +49,9 @@ def spread(samples: Sequence[float]) -> float | None:
 def describe(samples: Sequence[float]) -> dict[str, Any]:
     """One constant for the plan JSON: its median, range, number of samples and spread."""
     s = spread(samples)
-    return {"median": round(median(samples), 4), "min": round(min(samples), 4) if samples else None,
-            "max": round(max(samples), 4) if samples else None, "n": len(samples),
+    sig = lambda x: float(f"{x:.4g}")  # noqa: E731  four significant digits: seconds per token are ~1e-4
+    return {"median": sig(median(samples)), "min": sig(min(samples)) if samples else None,
+            "max": sig(max(samples)) if samples else None, "n": len(samples),
             "spread": None if s is None else round(s, 3)}
 
 
@@ -82,4 +83,30 @@ def check(constants: dict[str, Sequence[float]], used_s: dict[str, float], total
     return checked
 
 
-__all__ = ["MATERIAL_SHARE", "MAX_SPREAD", "check", "describe", "median", "spread"]
+#: Bootstrap draws of :func:`interval` (fixed seed: the same samples give the same interval).
+DRAWS = 2000
+
+
+def interval(constants: dict[str, Sequence[float]], used_s: dict[str, float], total_s: float,
+             level: float = 0.9) -> dict[str, Any]:
+    """The calibration's own spread, carried to the plan's total: every bootstrap draw resamples each
+    constant's samples (with replacement), takes their median, and scales the seconds that constant
+    prices by it over the median used; the total's ``level`` interval over the draws. A constant with
+    one sample, or that prices nothing, is held fixed. ``half_width``: half the interval over the total."""
+    import numpy as np
+
+    rng = np.random.Generator(np.random.PCG64(0))
+    draws = np.full(DRAWS, float(total_s))
+    for name, samples in constants.items():
+        mid, seconds = median(samples), used_s.get(name, 0.0)
+        if len(samples) < 2 or mid <= 0 or seconds <= 0:
+            continue
+        values = np.asarray(samples, dtype=np.float64)
+        resampled = np.median(values[rng.integers(0, len(values), size=(DRAWS, len(values)))], axis=1)
+        draws += seconds * (resampled / mid - 1.0)
+    low, high = (float(np.quantile(draws, q)) for q in ((1 - level) / 2, (1 + level) / 2))
+    return {"level": level, "low_s": round(low, 1), "high_s": round(high, 1),
+            "half_width": round((high - low) / 2 / total_s, 4) if total_s > 0 else None}
+
+
+__all__ = ["DRAWS", "MATERIAL_SHARE", "MAX_SPREAD", "check", "describe", "interval", "median", "spread"]

@@ -1,16 +1,23 @@
 """Response lengths measured in a run's own records, for the plan's decode and tail terms.
 
-``esreason experiment plan X --lengths DIR`` reads every ``responses.jsonl`` under DIR (an
-``esreason eval`` output directory, or an experiment directory with its ``eval/<method>/``
-subdirectories) and plans with the empirical distribution of their ``num_tokens`` instead of the
-table's assumed lognormal: the mean-length share of decoding uses the empirical mean (each length
-capped at the planned ``max_new_tokens``), and the tail uses the empirical expected longest of n
-draws (with replacement; order statistics):
+``esreason experiment plan X --lengths DIR`` plans with the lengths recorded under DIR instead of the
+table's assumed lognormal with a runaway share:
+
+- **training**: every ES run's per-update ``length/responses`` (RUN/metrics.jsonl; every response of
+  every member, :mod:`esreason.es_loop.lengths`), under DIR or in DIR itself (an ES run directory);
+- **evaluation**: every sampled row's ``num_tokens`` in the ``responses.jsonl`` files under DIR (an
+  ``esreason eval`` output directory, or an experiment directory with its ``eval/<method>/``
+  subdirectories); greedy rows are left out (the plan's calls are sampled ones, and greedy calls are few).
+
+ES stages plan with the training lengths (evaluation lengths where DIR has none), GRPO and evaluation
+stages with the evaluation lengths (training lengths where DIR has none): GRPO samples like the
+evaluation, while the Easy ES trains greedily. The mean-length share of decoding uses the empirical
+mean (each length capped at the planned ``max_new_tokens``), and the tail uses the empirical expected
+longest of n draws (with replacement; order statistics):
 
     E[min(cap, max of n)] = sum_k x_(k) [(k / N)^n - ((k - 1) / N)^n]
 
-over the sorted capped lengths x_(1) <= ... <= x_(N). Greedy rows are left out (the plan's calls
-are sampled ones, and greedy calls are few).
+over the sorted capped lengths x_(1) <= ... <= x_(N).
 
 Without ``--lengths`` the plan uses :class:`LengthModel`: a share ``runaway`` of the
 responses never ends and stops at the cap (greedy and sampled repetition loops land at
@@ -110,12 +117,23 @@ class LengthModel:
         return dx * sum(1.0 - self.cdf((i + 0.5) * dx) ** n for i in range(_STEPS))
 
 
-def read_lengths(path: str | Path) -> MeasuredLengths:
-    """The sampled responses' lengths under ``path``; UserError naming the file, row or path."""
-    root = Path(path)
-    if not root.is_dir():
-        raise UserError(f"--lengths: {root} is not a directory (give an `esreason eval` output or an experiment "
-                        "directory)")
+@dataclass(frozen=True)
+class RecordedLengths:
+    """What ``--lengths DIR`` found: training and evaluation lengths (either may be absent, not both)."""
+
+    train: MeasuredLengths | None
+    """ES training responses (RUN/metrics.jsonl ``length/responses``)."""
+    eval: MeasuredLengths | None
+    """Sampled evaluation responses (``responses.jsonl``)."""
+
+    def for_stage(self, kind: str) -> tuple[str, MeasuredLengths]:
+        """(which, lengths) a stage of ``kind`` (es, grpo, eval) plans with (module docstring)."""
+        first, second = (("train", "eval") if kind == "es" else ("eval", "train"))
+        got = getattr(self, first)
+        return (first, got) if got is not None else (second, getattr(self, second))
+
+
+def _eval_lengths(root: Path) -> MeasuredLengths | None:
     files = sorted(root.rglob("responses.jsonl"))
     lengths: list[int] = []
     for f in files:
@@ -132,6 +150,49 @@ def read_lengths(path: str | Path) -> MeasuredLengths:
             if not row.get("greedy", False):
                 lengths.append(n)
     if not lengths:
-        raise UserError(f"--lengths: no sampled responses under {root} (no responses.jsonl with non-greedy rows)")
-    return MeasuredLengths(tuple(sorted(lengths)), f"measured: {len(lengths):,} sampled responses in {len(files)} "
-                                                   f"responses.jsonl under {root}")
+        return None
+    return MeasuredLengths(tuple(sorted(lengths)), f"measured: {len(lengths):,} sampled evaluation responses in "
+                                                   f"{len(files)} responses.jsonl under {root}")
+
+
+def _train_lengths(root: Path) -> MeasuredLengths | None:
+    from esreason.es_loop.lengths import RESPONSES_KEY
+    from esreason.io.metrics import read_metrics
+
+    files = sorted(root.rglob("metrics.jsonl"))
+    lengths: list[int] = []
+    runs = 0
+    for f in files:
+        found = False
+        for row in read_metrics(f):  # a damaged line is a UserError naming the file and line
+            value = row.get(RESPONSES_KEY)
+            if value is None:
+                continue
+            try:
+                flat = [int(x) for member in value for x in member if not isinstance(x, bool) and int(x) == x >= 0]
+            except (TypeError, ValueError):
+                flat = []
+            if not flat or len(flat) != sum(len(m) for m in value):
+                raise UserError(f"--lengths: {f} update {row['step']}: {RESPONSES_KEY} must be lists of "
+                                "integers >= 0 per member")
+            lengths += flat
+            found = True
+        runs += found
+    if not lengths:
+        return None
+    return MeasuredLengths(tuple(sorted(lengths)), f"measured: {len(lengths):,} ES training responses in {runs} "
+                                                   f"run{'s' if runs != 1 else ''} under {root}")
+
+
+def read_lengths(path: str | Path) -> RecordedLengths:
+    """The lengths recorded under ``path``: ES training and sampled evaluation responses; UserError
+    naming the file, row or path."""
+    root = Path(path)
+    if not root.is_dir():
+        raise UserError(f"--lengths: {root} is not a directory (give an ES run, an `esreason eval` output or an "
+                        "experiment directory)")
+    found = RecordedLengths(_train_lengths(root), _eval_lengths(root))
+    if found.train is None and found.eval is None:
+        raise UserError(f"--lengths: no recorded lengths under {root} (no ES run's metrics.jsonl with "
+                        "length/responses, no responses.jsonl with sampled rows)")
+    return found

@@ -82,6 +82,8 @@ def es_roles(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, tra
     masters = es_masters_gib(cfg)
     if cfg.backend.type in ("ray", "vllm"):
         k = getattr(cfg.backend, "engines_per_gpu", 1)
+        if not isinstance(k, int):  # ``auto`` depends on the GPU: memplan_engines.resolve(cfg, gpu_gib) first
+            raise TypeError(f"backend.engines_per_gpu={k!r}: resolve it for the GPU first (memplan_engines.resolve)")
         tp = plan_tp.tp_of(cfg.backend)  # a rank's masters are its shards' (plan_tp.layout "held")
         masters *= plan_tp.layout(cfg.model, tp)["held"] / params if tp > 1 else 1.0
         key = "backend.engines_per_gpu" if k > 1 else "VLLMEngineOptions.gpu_memory_utilization (code default)"
@@ -248,8 +250,30 @@ def check_fits(spec: Any, gpus: int, gpu_name: str, gpu_gib: float) -> None:
                         f"{v['key']}); `esreason experiment plan` shows every term; --force runs anyway")
 
 
+def memory_verdicts(roles_at: Any, host_at: Any, gpu_type: str) -> dict[str, Any]:
+    """A plan stage's roles (``roles_at(gib)``) at ``gpu_type`` and a verdict for every GPU type (and the
+    local GPU); ``host_at(gib)``: its host side per node, or None."""
+    if roles_at is None:
+        return {}
+    gpus = dict(GPU_MEMORY_GIB)
+    local = local_gpu()
+    if local is not None:
+        gpus["local"] = local
+    plan_gib = GPU_MEMORY_GIB.get(gpu_type, gpus["h100"])[1]
+    roles = roles_at(plan_gib)
+    if not roles:
+        return {"on_gpu": False}
+    verdicts = {}
+    for key, (label, gib) in gpus.items():
+        verdicts[key] = {"gpu": label, **verdict(roles_at(gib), gib)}
+    out = {"on_gpu": True, "gpu_type": gpu_type, "roles": roles_json(roles), "verdicts": verdicts}
+    if host_at is not None:  # per node: host RAM, pinned memory, disk
+        out["host"] = host_at(plan_gib)
+    return out
+
+
 __all__ = ["DDP_MARGIN", "DEFAULT_PROMPT_TOKENS", "GIB", "GPU_MEMORY_GIB", "H100_TORCH_GIB", "H200_TORCH_GIB",
            "PROMPT_TOKENS", "Role", "TERMS", "advice_text", "check_fits", "engine_share_role", "es_masters_gib",
            "es_roles", "eval_roles", "experiment_roles", "gpu_type_of", "grpo_advice", "grpo_roles", "grpo_verdict",
-           "load_run_config", "local_gpu", "masters_fit_on_gpu", "nodes_to_fit", "pick_sharding", "prompt_tokens",
+           "load_run_config", "local_gpu", "memory_verdicts", "masters_fit_on_gpu", "nodes_to_fit", "pick_sharding", "prompt_tokens",
            "reference_dtype", "roles_json", "run_config_roles", "training_configs", "verdict"]

@@ -92,8 +92,10 @@ def es_host(cfg: Any, engines: int, gpu_gib: float, engine_fraction: float, upda
     ram.add("processes", HOST_TERMS["process"][0], "-")
     if cfg.backend.type in ("ray", "vllm"):
         ram.add("engine_processes", engines * HOST_TERMS["vllm_engine_process"][0], "backend.engines")
+        from esreason.experiments.memplan_engines import engines_per_gpu
+
         pinned_masters = bool(masters) and not masters_fit_on_gpu(
-            getattr(cfg.backend, "engines_per_gpu", 1) * masters, engine_fraction, gpu_gib)
+            engines_per_gpu(cfg, gpu_gib) * masters, engine_fraction, gpu_gib)
         start = engine_start_host_bytes(architecture(cfg.model), cfg.dtype, cfg.es.master_weights, cfg.es.restore,
                                         centre_on_host=pinned_masters)
         if pinned_masters:

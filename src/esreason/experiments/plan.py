@@ -9,15 +9,16 @@ throughput and constant comes from one table with its source (:mod:`esreason.exp
 Model of a stage (the runner runs stages one after another, so wall times add up). Each stage's
 wall time is the sum of named terms (``stages[].terms_s``), modelled on what the code does:
 
-- **start**: engines (vLLM) and the trainer process start once per stage (K engines sharing a GPU
-  one after another: ``engines_per_gpu``).
-- **engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K): each engine's
-  decode step is K / speedup times as long (``plan_table.shared_gpu_speedup``), the K engines of a
-  GPU share its HBM for the update, and evaluation decode stays at the GPU's many-row rate.
+- **start**: engines (vLLM) and the trainer process start once per stage (K per GPU one after another).
+- **engines per GPU** (``backend.engines_per_gpu`` / ``eval.engines_per_gpu`` = K; ``auto``:
+  memplan_engines): K ES engines each keep their host floor while the GPU serves their reads one
+  after another (plan_terms.step_s), and share its HBM for the update; an evaluation engine's step is
+  K / speedup times as long (``plan_table.shared_gpu_speedup``), its decode at the many-row rate.
 - **decode** and **tail** (:mod:`esreason.experiments.plan_terms`): a synchronous call
   (an ES member's B prompts; a GRPO process's share of a rollout batch) runs until its longest row
   ends, each step reading the weights and the running rows' KV cache (at least the host floor;
-  seeded rows add a sampler iteration each); decode is the call at the mean length, tail the rest.
+  seeded rows add a sampler iteration each); decode is the call at the mean length, tail the rest; an
+  ES update's last round of member calls waits for the slowest engine (plan_terms.es_calls_s).
   GRPO's processes wait for each other (rewards are gathered), so a rollout lasts the longest of
   all B x G responses. Lengths: a runaway share at the cap (experiment key ``plan.runaway_share``)
   and lognormal otherwise (:class:`esreason.experiments.lengths.LengthModel`), or with ``--lengths
@@ -34,29 +35,29 @@ wall time is the sum of named terms (``stages[].terms_s``), modelled on what the
   measured cost per padded token (plan_terms.grpo_train_s). **reload** (GRPO on vLLM): the weight
   push before every rollout, plus sleep and wake with ``grpo.vllm_sleep``.
 - **heldout**: periodic evaluation during training (``eval.every``, update 0 included).
+- **limit** (ES stages, not a term): the update against plain batched inference of the same
+  sequences, and the low-rank members-in-one-batch mode (:mod:`esreason.experiments.plan_limit`).
 - **checksum** (ES on engines): every ``backend.check_every`` updates each engine hashes its
   weights and fp32 masters (all engines at once). **checkpoint**: every ``checkpoint.every``
   updates and at the end, written and read back for the sha256 manifest. **mbpp**: sandboxed
   execution of every MBPP response.
 
-ES runs on a Ray pool of E vLLM engines (members spread over the engines; ``backend: vllm`` is one
-engine; ``hf`` and ``batched`` are the in-process transformers sampler on one GPU). GRPO runs on
-P = N processes (one per GPU under accelerate; vLLM colocate: one engine each). Evaluation runs on
-``eval.engines`` vLLM engines or on the HF sampler (one GPU). A stage that uses fewer GPUs than
-the node's N is still charged N GPU-hours (``gpus_held``): the node is booked for the experiment.
-With ``seeds``, every trained method is planned once per seed and the base model once.
+ES runs on a Ray pool of E vLLM engines (``backend: vllm``: one engine; ``hf``/``batched``: the in-process
+sampler on one GPU). GRPO runs on P = N processes (one per GPU; vLLM colocate: one engine each). Evaluation
+runs on ``eval.engines`` vLLM engines or the HF sampler (one GPU). A stage on fewer GPUs than the node's N is
+still charged N GPU-hours (``gpus_held``). With ``seeds``, every trained method is planned once per seed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from esreason.errors import UserError
-from esreason.experiments import memplan, memplan_host, plan_compute, plan_terms, plan_tp
+from esreason.experiments import memplan, memplan_engines, memplan_host, plan_compute, plan_limit, plan_terms, plan_tp
 from esreason.experiments import plan_table as tab
+from esreason.experiments.plan_hf import hf_only
 from esreason.experiments.plan_render import render
 from esreason.experiments.spec import ExperimentSpec, run_stage_configs
 
@@ -88,6 +89,8 @@ class Stage:
     gpus_held: int = 0
     """GPUs the stage holds (the node's, when it uses fewer); GPU-hours are charged on these."""
     compute: dict[str, Any] | None = None  # a training stage's compute as spent (plan_compute.stage_compute)
+    limit: dict[str, Any] | None = None
+    """ES stages: the update against plain batched inference (:mod:`esreason.experiments.plan_limit`)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -99,7 +102,8 @@ class Stage:
                 "gpus_held": max(self.gpus, self.gpus_held), "wall_hours": round(self.wall_hours, 3),
                 "terms_s": {k: round(v, 1) for k, v in self.terms.items()},
                 "memory_gib_per_gpu": {k: round(v, 1) for k, v in self.memory_gib_per_gpu.items()},
-                "memory": self.memory, **({"compute": self.compute} if self.compute is not None else {})}
+                "memory": self.memory, **({"compute": self.compute} if self.compute is not None else {}),
+                **({"limit": self.limit} if self.limit is not None else {})}
 
 
 class _Ctx:
@@ -108,7 +112,8 @@ class _Ctx:
     def __init__(self, spec: ExperimentSpec, gpus: int, gpu: str, lengths: Any = None, nodes: int = 1) -> None:
         from esreason.experiments.flops import count_parameters
 
-        self.lengths = lengths  # esreason.experiments.lengths.MeasuredLengths or None (the table's lognormal)
+        self.lengths = lengths  # esreason.experiments.lengths.RecordedLengths or None (the table's lognormal)
+        self.stage_kind = "es"  # the kind of stage being planned (es, grpo, eval): which recorded lengths it uses
 
         if gpus < 1:
             raise UserError(f"--gpus: expected an integer >= 1 (got {gpus})")
@@ -137,11 +142,12 @@ class _Ctx:
         return self.note(tab.CONSTANTS[name])
 
     def lengths_model(self) -> Any:
-        """The response-length distribution: the measured lengths, or the table's LengthModel."""
+        """The response-length distribution: the recorded lengths for this kind of stage, or the table's LengthModel."""
         if self.lengths is not None:
-            self.note(tab.Assumption("response_tokens.measured", round(self.lengths.mean(float("inf")), 1),
-                                     "tokens per response (mean, before each stage's cap)", self.lengths.source))
-            return self.lengths
+            which, measured = self.lengths.for_stage(self.stage_kind)
+            self.note(tab.Assumption(f"response_tokens.measured.{which}", round(measured.mean(float("inf")), 1),
+                                     "tokens per response (mean, before each stage's cap)", measured.source))
+            return measured
         from esreason.experiments.lengths import LengthModel
 
         share = self.spec.plan.runaway_share  # experiment key plan.runaway_share (None: the family's)
@@ -200,6 +206,9 @@ def _checkpoints(cfg: Any, updates: int) -> int:
 
 
 def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
+    label, gib = memplan.GPU_MEMORY_GIB.get(gpu_type_key(ctx.gpu_type), (ctx.gpu["name"], ctx.gpu["memory_gib"]))
+    configured, (cfg, note) = cfg, memplan_engines.plan_choice(cfg, label, gib)  # ``auto``: per GPU type
+    ctx.notes += [note] if note else []
     be, n, b = cfg.backend, cfg.es.population_size, cfg.train.batch_size
     responses = updates * n * b
     heldout, heldout_tokens = _heldout(ctx, cfg, updates)
@@ -218,11 +227,13 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         if engines * tp > ctx.gpus * per_gpu:
             room = ctx.gpus * per_gpu // tp
             each = f" x {tp} GPUs each" if tp > 1 else ""
-            ctx.notes.append(f"{name}: backend.engines={engines}{each} but only {ctx.gpus} GPUs x {per_gpu} engines per "
-                             f"GPU: the pool would refuse to start; planned with {room} engines (set backend.engines={room})")
+            auto = note is not None  # backend.engines counts GPUs
+            ctx.notes.append(f"{name}: backend.engines={configured.backend.engines}{each} but only {ctx.gpus} GPUs "
+                             + (f"(engines_per_gpu: auto, {per_gpu} per GPU)" if auto else f"x {per_gpu} engines per "
+                                "GPU") + f": the pool would refuse to start; planned with {room} engines (set "
+                             f"backend.engines={ctx.gpus if auto else room})")
             engines = room
         gpus_used = -(-engines // per_gpu) * tp
-        slow = ctx.slowdown(per_gpu)  # each engine's decode step is this much longer on a shared GPU
         members = -(-n // engines)
         if be.update == "sharded" and engines > 1:  # N/E members summed, quantized, all-reduced (int64)
             wire = 2 * (engines - 1) / engines * BYTES_PER_PARAM["allreduce_element"] * ctx.params * held
@@ -232,22 +243,25 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
         else:  # the K engines of a GPU share its HBM; a TP rank draws its shards' blocks
             noise = per_gpu * plan_terms.es_noise_s(ctx, members, n) * drawn
         max_new = cfg.generation.max_new_tokens
-        # one member's call: B rows, per-row seeds when sampling (backends/vllm.py generate)
-        decode, tail = plan_terms.call_s(ctx, b, ctx.note(tab.prompt_tokens(cfg.task)), max_new, b,
-                                         cfg.generation.temperature > 0, tp)
+        # members' calls of B rows, per-row seeds when sampling (backends/vllm.py generate), K engines per
+        # GPU decoding side by side (plan_terms.step_s); the last round waits for the slowest engine
+        decode, tail = plan_terms.es_calls_s(ctx, members, b, engines, ctx.note(tab.prompt_tokens(cfg.task)), max_new,
+                                             cfg.generation.temperature > 0, tp, per_gpu)
         checks = updates // be.check_every if be.check_every else 0
         master_bytes = 4 if masters else 0
         # engines sharing a GPU start one after another (engine_env.gpu_start_lock)
         terms = {"start": per_gpu * ctx.over("engine_start_s") + ctx.over("trainer_start_s"),
-                 "decode": updates * members * decode * slow,
-                 "tail": updates * members * tail * slow,
+                 "decode": updates * decode,
+                 "tail": updates * tail,
                  "heldout": heldout_tokens / (ctx.rate("vllm") * gpus_used),
                  "update": updates * noise,
                  "checksum": checks * (mem_w + master_bytes) * ctx.params * held /
                  plan_terms.checksum_rate(ctx, engines * tp),
                  "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
-        if tp > 1:  # 2 all-reduces per layer per decode step of each member's call (plan_tp)
-            terms["allreduce"] = updates * members * ctx.longest(b, max_new) * plan_tp.allreduce_s(ctx, cfg.model, b, tp)
+        # 2 all-reduces per layer per decode step of each member's call (plan_tp)
+        allreduce = members * ctx.longest(b, max_new) * plan_tp.allreduce_s(ctx, cfg.model, b, tp) if tp > 1 else 0.0
+        terms.update({"allreduce": updates * allreduce} if tp > 1 else {})
+        limit = plan_limit.es_limit(ctx, cfg, gpus_used // tp, tp, decode + tail + noise + allreduce, per_gpu)
         wall = sum(terms.values())
         frac = ctx.const("engine_memory_fraction")
         # The engine keeps its centre copy (fp32 masters) on the GPU when it fits outside vLLM's
@@ -268,18 +282,22 @@ def _es_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
                   "trainer_host": trainer}
         trainer_gpu = ctx.const("trainer_gpu_gib")
         return Stage(name, where, responses + heldout, round(tokens), gpus_used, wall / 3600, memory,
-                     roles=lambda gib: memplan.es_roles(cfg, engines, gib, frac, trainer_gpu) if _on_gpu(cfg) else [],
-                     host=lambda gib: memplan_host.es_host(cfg, engines, gib, frac, updates), terms=terms,
-                     gpus_held=ctx.gpus)
+                     roles=lambda gib: memplan.es_roles(memplan_engines.resolve(configured, gib), engines, gib, frac,
+                                                        trainer_gpu) if _on_gpu(cfg) else [],
+                     host=lambda gib: memplan_host.es_host(configured, engines, gib, frac, updates), terms=terms,
+                     gpus_held=ctx.gpus, limit=limit)
     # The HF sampler's rate is a throughput figure without a step model: no separate tail term.
     terms = {"start": ctx.over("trainer_start_s"), "decode": tokens / ctx.rate("hf"),
              "update": updates * plan_terms.es_noise_s(ctx, n, n),
              "checkpoint": _checkpoints(cfg, updates) * ctx.checkpoint_s(mem_w * ctx.params)}
     wall = sum(terms.values())
     where = f"HF transformers sampler, in-process ({be.type}), 1 GPU, members one {'batch' if be.type == 'batched' else 'at a time'}"
+    limit = plan_limit.hf_limit(n * b * ctx.length(cfg.generation.max_new_tokens) / ctx.rate("hf"),
+                                plan_terms.es_noise_s(ctx, n, n))
     return Stage(name, where, responses + heldout, round(tokens), 1, wall / 3600, {"trainer": trainer},
                  roles=lambda gib: memplan.es_roles(cfg, 1, gib, 0.0, 0.0) if _on_gpu(cfg) else [],
-                 host=lambda gib: memplan_host.es_host(cfg, 1, gib, 0.0, updates), terms=terms, gpus_held=ctx.gpus)
+                 host=lambda gib: memplan_host.es_host(cfg, 1, gib, 0.0, updates), terms=terms, gpus_held=ctx.gpus,
+                 limit=limit)
 
 
 def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
@@ -427,27 +445,6 @@ def _eval_roles(ctx: _Ctx, gib: float) -> list:
     return memplan.eval_roles(ctx.spec, gib, util, dtype, TOKENS_PER_FORWARD)
 
 
-def memory_verdicts(stage: Stage, gpu_type: str) -> dict[str, Any]:
-    """The stage's roles at ``gpu_type`` and a verdict for every GPU type (and the local GPU)."""
-    if stage.roles is None:
-        return {}
-    gpus = dict(memplan.GPU_MEMORY_GIB)
-    local = memplan.local_gpu()
-    if local is not None:
-        gpus["local"] = local
-    plan_gib = memplan.GPU_MEMORY_GIB.get(gpu_type, gpus["h100"])[1]
-    roles = stage.roles(plan_gib)
-    if not roles:
-        return {"on_gpu": False}
-    verdicts = {}
-    for key, (label, gib) in gpus.items():
-        verdicts[key] = {"gpu": label, **memplan.verdict(stage.roles(gib), gib)}
-    out = {"on_gpu": True, "gpu_type": gpu_type, "roles": memplan.roles_json(roles), "verdicts": verdicts}
-    if stage.host is not None:  # per node: host RAM, pinned memory, disk
-        out["host"] = stage.host(plan_gib)
-    return out
-
-
 def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any = None, nodes: int = 1) -> dict:
     """The plan as one JSON-able object: stages, total_gpu_hours, wall_hours, assumptions (+ context).
     ``nodes``: GRPO trains on nodes x gpus processes (docs/planning.md); ES and evaluation on one node."""
@@ -455,12 +452,13 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any 
     stages: list[Stage] = []
     configs: list[Any] = []
     for name, kind, updates, cfg in run_stage_configs(spec):
+        ctx.stage_kind = kind
         stages.append(_es_stage(ctx, cfg, name, updates) if kind == "es" else
                       _grpo_stage(ctx, cfg, name, updates) if kind == "grpo" else _eval_stage(ctx, name))
         configs.append(cfg)  # a training stage's compute as spent: what it runs per generated token, its FLOPs
         stages[-1].compute = plan_compute.stage_compute(cfg, updates, ctx.params, ctx.length) if cfg else None
     for st, cfg in zip(stages, configs):
-        st.memory = memory_verdicts(st, gpu_type_key(gpu))
+        st.memory = memplan.memory_verdicts(st.roles, st.host, gpu_type_key(gpu))
         v = st.memory.get("verdicts", {}).get(gpu_type_key(gpu))
         if v is not None and not v["fits"]:  # a GRPO stage's note: what would change it, and the nodes
             ctx.notes.append(plan_compute.misfit_note(st, cfg, v, ctx.gpus))
@@ -480,19 +478,6 @@ def build_plan(spec: ExperimentSpec, gpus: int, gpu: str = "h100", lengths: Any 
 def gpu_type_key(gpu: str) -> str:
     """The memory table's key of the plan's ``--gpu-type`` (``a100`` is the 80 GB part)."""
     return {"a100": "a100-80"}.get(gpu, gpu)
-
-
-def hf_only(spec: ExperimentSpec) -> ExperimentSpec:
-    """The same experiment with every generation on the HF sampler: ES on ``backend: hf`` (one GPU),
-    GRPO with HF generate, evaluation with ``eval.backend: hf``."""
-    es = spec.es
-    if es is not None:
-        es = dataclasses.replace(es, backend=dataclasses.replace(es.backend, type="hf", engines=1,
-                                                                 update="replicated"))
-    grpo = spec.grpo
-    if grpo is not None:
-        grpo = dataclasses.replace(grpo, grpo=dataclasses.replace(grpo.grpo, use_vllm=False))
-    return dataclasses.replace(spec, es=es, grpo=grpo, eval=dataclasses.replace(spec.eval, backend="hf", engines=1))
 
 
 __all__ = ["Stage", "build_plan", "hf_only", "render"]

@@ -32,6 +32,7 @@ def render(plan: dict[str, Any]) -> str:
     from esreason.experiments.plan_compute import compute_lines
 
     lines += compute_lines(plan)
+    lines += _limit_lines(plan)
     lines += ["", f"total: {plan['wall_hours']:.2f} h wall, {plan['total_gpu_hours']:.2f} GPU-hours", "",
               "assumptions:"]
     lines += [f"  {a['key']} = {a['value']:g} {a['unit']}  ({a.get('label', 'estimate')})  [{a['source']}]"
@@ -52,3 +53,22 @@ def _memory_cell(memory: dict[str, Any], fallback: dict[str, float]) -> str:
             f"{size}, DOES NOT FIT ({v['term']} {v['term_gib']:.1f} GiB; change {v['key']})")
     others = [k for k, w in memory["verdicts"].items() if not w["fits"] and k != memory["gpu_type"]]
     return cell + (f"; not on {', '.join(others)}" if others else "")
+
+
+def _limit_lines(plan: dict[str, Any]) -> list[str]:
+    """Each ES stage's update against plain batched inference of the same sequences (plan_limit)."""
+    limited = [s for s in plan["stages"] if s.get("limit")]
+    if not limited:
+        return []
+    lines = ["", "ES update vs plain batched inference of the same sequences (s per update; inference: one call "
+                 "and one tail per engine)"]
+    for s in limited:
+        lim = s["limit"]
+        line = (f"  {s['name']:<28} update {lim['update_s']:,.2f}  inference {lim['inference_s']:,.2f}  "
+                f"ratio {lim['ratio']:.2f}" if lim["ratio"] is not None else f"  {s['name']:<28} no decode to compare")
+        if lim.get("engines_per_gpu", 1) > 1:
+            line += f" ({lim['engines_per_gpu']} engines per GPU)"
+        if lim.get("lowrank_batch_s") is not None:
+            line += f";  low-rank members in one batch {lim['lowrank_batch_s']:,.2f} (ratio {lim['lowrank_ratio']:.2f})"
+        lines.append(line)
+    return lines

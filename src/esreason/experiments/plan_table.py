@@ -35,13 +35,16 @@ class Assumption:
     unit: str
     """Its unit."""
     source: str
-    """'published: ...', 'datasheet: ...', 'derived: ...' or 'assumption (ours): ...'."""
+    """'published: ...', 'cited: ...', 'datasheet: ...', 'derived: ...' or 'assumption (ours): ...'."""
 
     @property
     def label(self) -> str:
-        """'measured on one H100', 'given' (datasheet, dataset, an esreason default) or 'estimate'."""
+        """'measured on one H100', 'cited' (a figure another project measured, with its address), 'given'
+        (datasheet, dataset, an esreason default) or 'estimate'."""
         if self.source.startswith(MEASURED_H100):
             return MEASURED_H100
+        if self.source.startswith("cited:"):
+            return "cited"
         if self.source.split(":")[0] in ("datasheet", "dataset", "esreason default"):
             return "given"
         return "estimate"
@@ -190,6 +193,26 @@ CONSTANTS: dict[str, Assumption] = {
                                   "assumption (ours): the trainer's reference lives in host memory beside GPU "
                                   "engines (esreason.es_loop.run.reference_placement) and keeps on the GPU only its "
                                   "CUDA context (~0.5 GiB) and three 16 MiB noise blocks"),
+    "shared_read_efficiency": Assumption(
+        "shared_read_efficiency", DECODE_EFFICIENCY, "fraction of HBM bandwidth",
+        "assumption (ours): K engines sharing a GPU (backend.engines_per_gpu) get its reads served one after "
+        "another at the efficiency one engine reaches (DECODE_EFFICIENCY); only the time a step waits on its host "
+        "floor is filled by the others (time-sliced, no MPS: kernels of different processes do not overlap). 1.0 "
+        "is the reading of shared_gpu_speedup, where the half roofline one engine leaves is host time that the "
+        "others fill; unmeasured either way (plan_terms.step_s)"),
+    "lora_token_overhead": Assumption(
+        "lora_token_overhead", round(2693.62 / 1791.53 - 1, 3), "extra time per generated token with LoRA adapters",
+        "cited: vLLM's own LoRA throughput benchmark, benchmarks/benchmark_throughput.py on 1x A100, Llama-2-7B, "
+        "1,000 ShareGPT prompts: 2,693.62 output tokens/s without LoRA, 1,791.53 with --enable-lora --max-loras 4 "
+        "--max-lora-rank 8 (vllm-project/vllm#11267, 2024-12-17); 2,693.62 / 1,791.53 - 1. The only "
+        "same-machine, same-build pair we found; a V1 LoRA run two weeks later on the same kind of machine gave "
+        "2,577.68 (vllm-project/vllm#11613), i.e. 0.045 against that base, and EGGROLL reports low-rank "
+        "populations at ~91 % of inference throughput (0.099; arXiv 2511.16652, not vLLM). Prices the low-rank "
+        "members-in-one-batch mode (plan_limit); replace it by a measured figure"),
+    "lora_adapter_load_s": Assumption(
+        "lora_adapter_load_s", 0.01, "s per member adapter per engine and update",
+        "assumption (ours): each update loads every member's rank-r adapter of the engine into vLLM's LoRA slots "
+        "(a few MB of factors per adapter at 1.5B, copied to the GPU); host-bound, ~10 ms"),
     "eval_memory_fraction": Assumption("eval_memory_fraction", 0.9, "fraction of GPU memory",
                                        "assumption (ours): an evaluation engine owns its GPU (vLLM's default 0.9)"),
 }

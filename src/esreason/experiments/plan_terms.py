@@ -50,12 +50,20 @@ def kv_bytes_per_token(model: str, params: float) -> tuple[float, str]:
         return 28_672.0 * params / MEASURED_PARAMS, "Qwen2.5-1.5B's 28,672 bytes scaled by parameters (no architecture)"
 
 
-def step_s(ctx: Any, rows: float, context: float, seeded: bool, tp: int = 1) -> float:
+def step_s(ctx: Any, rows: float, context: float, seeded: bool, tp: int = 1, share: float = 1.0) -> float:
     """Seconds of one vLLM decode step of ``rows`` rows of ``context`` tokens each: max(host floor,
     (bf16 weights + the rows' KV cache) / (HBM x DECODE_EFFICIENCY)) + a sampler iteration per seeded
     row (vLLM V1 ``random_sample`` loops over requests with their own generator). ``tp`` > 1: each GPU
     of the engine reads its shard of the weights and of the KV cache (the all-reduces are a term of
-    their own: :func:`esreason.experiments.plan_tp.allreduce_s`)."""
+    their own: :func:`esreason.experiments.plan_tp.allreduce_s`).
+
+    ``share`` > 1: that many engines decode on the GPU at once (``backend.engines_per_gpu``, each
+    with rows like these). Each engine's host work (the floor) runs in its own process beside the
+    others', while the GPU serves their reads one after another at ``shared_read_efficiency`` of its
+    bandwidth, so the step is at least ``share`` x (weights + KV) / (HBM x that efficiency): sharing
+    fills the time a step waits on its host floor. Members of a full-rank population each have their
+    own weights, so K engines read K copies per step where plain inference reads one. A model (ours),
+    not measured on a GPU."""
     hbm = ctx.gpu["hbm_bytes_per_s"] * tab.DECODE_EFFICIENCY
     read = 2.0 * ctx.params + rows * context * ctx.kv_bytes
     if tp > 1:
@@ -63,19 +71,25 @@ def step_s(ctx: Any, rows: float, context: float, seeded: bool, tp: int = 1) -> 
 
         model = ctx.spec.model
         read = 2.0 * plan_tp.layout(model, tp)["held"] + rows * context * ctx.kv_bytes / plan_tp.kv_split(model, tp)
-    floor = ctx.const("decode_step_floor_s")
-    return max(floor, read / hbm) + (rows * ctx.const("seeded_row_us") * 1e-6 if seeded else 0.0)
+    step = max(ctx.const("decode_step_floor_s"), read / hbm)
+    if share > 1:
+        step = max(step, share * read / (ctx.gpu["hbm_bytes_per_s"] * ctx.const("shared_read_efficiency")))
+    return step + (rows * ctx.const("seeded_row_us") * 1e-6 if seeded else 0.0)
 
 
 def call_s(ctx: Any, rows: int, prompt: float, cap: int, longest_of: int, seeded: bool,
-           tp: int = 1) -> tuple[float, float]:
+           tp: int = 1, engines_per_gpu: int = 1) -> tuple[float, float]:
     """(decode, tail) seconds of one synchronous call of ``rows`` rows that waits for the longest of
-    ``longest_of`` responses (>= rows: GRPO's processes wait for each other).
+    ``longest_of`` responses (>= rows: GRPO's processes, or the engines of an ES update's last round,
+    wait for each other).
 
     The call runs E[longest of ``longest_of``] steps; at step t the rows still running are
     rows x P(length > t) (at least one) with prompt + t tokens of context each. ``decode`` is the
     same call if every row had the mean length (mean steps of the full batch at the mean context);
-    ``tail`` is the rest, the wait for the long rows.
+    ``tail`` is the rest, the wait for the long rows. ``engines_per_gpu`` = K > 1: the call's engine
+    shares its GPU with K - 1 others running calls like it; at step t another engine is still
+    decoding while its own longest row runs, P(longest of ``rows`` > t), and :func:`step_s` is
+    priced with the engines decoding at that step.
     """
     dist = ctx.lengths_model()
     steps = ctx.longest(longest_of, cap)
@@ -84,10 +98,26 @@ def call_s(ctx: Any, rows: int, prompt: float, cap: int, longest_of: int, seeded
     total = 0.0
     for i in range(CALL_STEPS):
         t = (i + 0.5) * dt
-        running = max(1.0, rows * dist.survival(t, float(cap)))
-        total += step_s(ctx, running, prompt + t, seeded, tp) * dt
-    decode = mean * step_s(ctx, rows, prompt + mean / 2, seeded, tp)
+        alive = dist.survival(t, float(cap))
+        running = max(1.0, rows * alive)
+        share = 1.0 + (engines_per_gpu - 1) * (1.0 - (1.0 - alive) ** rows)
+        total += step_s(ctx, running, prompt + t, seeded, tp, share) * dt
+    decode = mean * step_s(ctx, rows, prompt + mean / 2, seeded, tp, float(engines_per_gpu))
     return decode, max(0.0, total - decode)
+
+
+def es_calls_s(ctx: Any, members: int, rows: int, engines: int, prompt: float, cap: int, seeded: bool,
+               tp: int = 1, engines_per_gpu: int = 1) -> tuple[float, float]:
+    """(decode, tail) seconds of one ES update's generation on a pool of ``engines`` engines, each
+    running ``members`` member calls of ``rows`` rows one after another (the pool hands the next
+    member to whichever engine is free: backends.ray_pool ``evaluate``). The first ``members - 1``
+    calls each wait for their own longest row; the update waits for every engine, so the last round
+    waits for the longest of its ``rows x engines`` responses."""
+    decode, tail = call_s(ctx, rows, prompt, cap, rows * engines, seeded, tp, engines_per_gpu)
+    if members > 1:
+        d, t = call_s(ctx, rows, prompt, cap, rows, seeded, tp, engines_per_gpu)
+        decode, tail = decode + (members - 1) * d, tail + (members - 1) * t
+    return decode, tail
 
 
 def forward_token_s(ctx: Any) -> float:
@@ -151,5 +181,5 @@ def es_noise_s(ctx: Any, members: int, summed: int) -> float:
     return (members * ctx.const("es_member_s") + ctx.const("es_update_s")) * scale + extra
 
 
-__all__ = ["call_s", "checksum_rate", "es_noise_s", "forward_token_s", "grpo_reload_s", "grpo_train_s",
+__all__ = ["call_s", "checksum_rate", "es_calls_s", "es_noise_s", "forward_token_s", "grpo_reload_s", "grpo_train_s",
            "kv_bytes_per_token", "layers_of", "step_s"]

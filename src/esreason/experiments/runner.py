@@ -333,20 +333,26 @@ def _memory_check(spec: ExperimentSpec, args: argparse.Namespace) -> None:
     torch sees, or ``--assume-gpu`` on a machine without one. ``--force`` skips the check."""
     from esreason.experiments import memplan
 
+    if args.assume_gpu:  # the ES stages size backend.engines_per_gpu: auto against it too, without a GPU
+        from esreason.experiments.memplan_engines import ASSUME_GPU_ENV
+
+        os.environ[ASSUME_GPU_ENV] = args.assume_gpu
     if args.force:
         from esreason.experiments.launch import FORCE_ENV
 
         os.environ[FORCE_ENV] = "1"  # the GRPO launcher's own fit check (launch.check_grpo_fits) too
         return
+    from esreason.experiments.memplan_engines import resolve_spec  # engines_per_gpu: auto, as the run resolves it
+
     if args.assume_gpu:
         name, gib = memplan.GPU_MEMORY_GIB[args.assume_gpu]
-        memplan.check_fits(spec, args.assume_gpus, name, gib)
+        memplan.check_fits(resolve_spec(spec, gib), args.assume_gpus, name, gib)
         return
     local = memplan.local_gpu()
     if local is not None:
         import torch
 
-        memplan.check_fits(spec, torch.cuda.device_count(), local[0], local[1])
+        memplan.check_fits(resolve_spec(spec, local[1]), torch.cuda.device_count(), local[0], local[1])
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -403,7 +409,8 @@ def register(actions: Any) -> argparse.ArgumentParser:
     from esreason.experiments.memplan import GPU_MEMORY_GIB
 
     p.add_argument("--assume-gpu", choices=sorted(GPU_MEMORY_GIB),
-                   help="check the memory plan against this GPU type (default: the GPU torch sees; none: no check)")
+                   help="check the memory plan against this GPU type (default: the GPU torch sees; none: no check); "
+                        "on a machine without a GPU, backend.engines_per_gpu: auto is sized against it too")
     p.add_argument("--assume-gpus", type=int, default=8, help="with --assume-gpu: GPUs of the node (default 8)")
     from esreason.config_logging import add_wandb_flag
 

@@ -272,5 +272,8 @@ def render_markdown(exp: Experiment, parts: Parts, files: dict[str, Path], tex: 
 
     lines += drift_section(parts.drift, files, tex)
     lines += timing_md(exp.root)
+    from esreason.report.lengths import lengths_md
+
+    lines += lengths_md(exp.root)
     lines += ["## Notes", ""] + ([f"- {n}" for n in notes] or ["- none"]) + [""]
     return "\n".join(lines)
