@@ -8,10 +8,9 @@ Run directory (the same contract as ES, DESIGN §1)::
                               M = N x optimizer steps per update; newest checkpoint.keep_trainer_states kept
 
 ``--resume`` continues from the newest ``step_N`` whose paired TRL checkpoint exists.
-TRL restores the weights, AdamW moments, scheduler, data position and RNG states; the
-data order is a pure function of (train.seed, epoch), so the resumed run trains on the
-same batches with the same rollouts as an uninterrupted one (tests/test_grpo_run.py
-checks bit-identical final weights on CPU).
+TRL restores the weights, AdamW moments, scheduler, data position and RNG states; the data order is a
+pure function of (train.seed, epoch), so the resumed run trains on the same batches with the same
+rollouts as an uninterrupted one (tests/test_grpo_run.py checks bit-identical final weights on CPU).
 """
 
 from __future__ import annotations
