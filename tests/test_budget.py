@@ -1,4 +1,4 @@
-"""Rollouts and tokens beside FLOPs (esreason.experiments.budget), GRPO variants as experiment methods and the
+"""Rollouts and tokens beside FLOPs (esreason.accounting.budget), GRPO variants as experiment methods and the
 ``match`` key (esreason.experiments.variants): spec validation and the accounting, no training."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from esreason.config import ConfigError
-from esreason.experiments.budget import (combine, consumed, experiment_budget, planned, rollout_matched_updates,
+from esreason.accounting.budget import (combine, consumed, experiment_budget, planned, rollout_matched_updates,
                                          rollouts_per_update)
 from esreason.experiments.spec import TRAINED, parse_spec, run_stages
 from esreason.experiments.variants import method_stages
@@ -136,7 +136,7 @@ def test_match_compute_gives_every_grpo_method_the_updates_that_spend_es_flops()
 
 
 def test_compute_record_counts_what_trl_runs_per_token():
-    from esreason.experiments.budget import compute_record
+    from esreason.accounting.budget import compute_record
     from esreason.grpo.config import load_grpo_config
 
     paper = load_grpo_config("configs/easy/grpo-qwen2.5-1.5b.yaml")  # beta 0.001, 2 optimizer steps, checkpointing

@@ -96,13 +96,38 @@ def test_auto_reaches_the_pool_at_run_time(tmp_path, monkeypatch, capsys):
                              "backend.engines_per_gpu=auto", "es.population_size=8", "train.batch_size=2",
                              "train.max_steps=1", "generation.max_new_tokens=4"])
     with pytest.raises(Stop):
-        run_es(cfg, tmp_path / "run", progress=False)
+        run_es(cfg, tmp_path / "run", progress=False, resolve_engines=auto.resolve_at_run)  # as `train es` does
     assert built["kind"] == "vllm" and built["engines"] == 8  # 2 GPUs x 4 engines: one member each
     assert built["gpus"] == pytest.approx(0.25)
     assert built["options"].gpu_memory_utilization == pytest.approx(VLLMEngineOptions.gpu_memory_utilization / 4)
     assert "backend.engines_per_gpu: auto -> 4 (one member per engine (8 members on 2 GPUs)); 8 engines" \
         in capsys.readouterr().out
     assert "auto" in (tmp_path / "run" / "config.yaml").read_text()  # the run's config keeps what was asked
+
+
+def test_run_es_refuses_auto_without_a_resolver_before_writing(tmp_path):
+    """The loop sits below the memory plan: ``auto`` arrives resolved through ``resolve_engines`` (the CLI,
+    ESTrainer, experiment and sweep runs pass it); without it the run is refused and nothing is written."""
+    from esreason.errors import UserError
+    from esreason.es_loop.run import run_es
+
+    cfg = load_config(None, ["model=demo", "backend.type=ray", "backend.engine=vllm", "backend.engines_per_gpu=auto",
+                             "train.max_steps=1"])
+    with pytest.raises(UserError, match="engines_per_gpu: auto is resolved"):
+        run_es(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_entry_points_pass_the_resolver():
+    """Every entry point that starts an ES run hands the loop the memory plan's resolver."""
+    import inspect
+
+    from esreason import cli
+    from esreason.api import trainer
+    from esreason.experiments import es_stage, sweep
+
+    for fn in (cli._cmd_train_es, trainer.ESTrainer.train, es_stage.train_es, sweep.train_point):
+        assert "resolve_engines=resolve_at_run" in inspect.getsource(fn), fn
 
 
 def test_assume_gpu_env_is_checked(monkeypatch):

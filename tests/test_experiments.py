@@ -244,7 +244,7 @@ def test_shipped_experiment_configs_validate():
     assert demo.es.train.batch_size == demo.grpo.train.batch_size
     assert demo.es.es.population_size == 4 * demo.grpo.grpo.num_generations
     assert demo.es.train.max_steps == demo.grpo.train.max_steps == demo.updates
-    from esreason.experiments.flops import compare, estimate_config
+    from esreason.accounting.flops import compare, estimate_config
 
     assert compare([estimate_config(demo.es, "es", length=64), estimate_config(demo.grpo, "grpo", length=64)])[
         "matched"] is True

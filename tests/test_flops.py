@@ -7,7 +7,7 @@ import pytest
 import json
 from pathlib import Path
 
-from esreason.experiments.flops import compare, es_flops, estimate, grpo_flops
+from esreason.accounting.flops import compare, es_flops, estimate, grpo_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -32,6 +32,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "esreason"
 MAX_LINES = 500
 
+#: The config modules (dataclasses and their loading) and what the evaluation harness stands on.
+_CONFIGS = ("esreason.config", "esreason.config_backend", "esreason.config_io", "esreason.config_logging")
+_BELOW_EVAL = ("esreason.backends", "esreason.io", "esreason.tasks", "esreason.verifiers", "esreason.errors")
+
 # layer (module-name prefix)   ->  esreason imports it may make (module-name prefixes)
 LAYERS: dict[str, tuple[str, ...]] = {
     # The ES core: noise, cache, apply, population, shaping, update, params, lowrank, schedule. Torch,
@@ -47,6 +51,22 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "esreason.embedded": ("esreason.embedded", "esreason.errors", "esreason.io", "esreason.tasks"),
     # A leaf like errors: the OpenMP spin setting (stdlib only), read by the manifest and `info`.
     "esreason.openmp": ("esreason.openmp",),
+    # The evaluation harness: over policies and tasks, below the loops that call it.
+    "esreason.eval": ("esreason.eval", *_BELOW_EVAL),
+    # What a run costs (FLOPs, the manifest's budget): written by the ES loop and by GRPO, so below both;
+    # GRPO's batch arithmetic (grpo.config, grpo.plan: configs and integers, no TRL) is config-level.
+    "esreason.accounting": ("esreason.accounting", *_CONFIGS, "esreason.grpo.config", "esreason.grpo.plan",
+                            *_BELOW_EVAL),
+    # The ES loop, the GRPO comparator and the analyses stand on the layers above; none of them imports
+    # the experiments, the report, the API or the command line (what a run needs from the memory plan
+    # arrives as an argument: es_loop.run.run_es(resolve_engines=...)). GRPO reuses the ES loop's run
+    # directory contract (resume, fingerprint, held-out evaluation); the analyses the loop itself.
+    "esreason.es_loop": ("esreason.es_loop", "esreason.accounting", "esreason.eval", "esreason.es", *_CONFIGS,
+                         *_BELOW_EVAL),
+    "esreason.grpo": ("esreason.grpo", "esreason.es_loop", "esreason.accounting", "esreason.es", "esreason.quiet",
+                      "esreason.embedded", *_CONFIGS, *_BELOW_EVAL),
+    "esreason.analysis": ("esreason.analysis", "esreason.es_loop.run", "esreason.grpo.objective", "esreason.eval",
+                          "esreason.es", "esreason.embedded", *_CONFIGS, *_BELOW_EVAL),
 }
 
 
@@ -321,3 +341,12 @@ def test_layer_checker_flags_upward_imports(tmp_path: Path) -> None:
     layers = {"pkg.core": ("pkg.core", "pkg.errors")}
     assert layer_violations(graph.edges, layers) == [
         "pkg.core.shaping -> pkg.backends.hf (layer pkg.core may import only pkg.core, pkg.errors)"]
+
+
+def test_the_loops_and_analyses_cannot_import_what_stands_on_them() -> None:
+    """The fence the table sets: an import of the experiments, the report, the API or the CLI from the ES
+    loop, GRPO, the analyses or the accounting is a violation (the three such imports moved down)."""
+    for layer in ("esreason.es_loop", "esreason.grpo", "esreason.analysis", "esreason.accounting"):
+        for upper in ("esreason.experiments.budget", "esreason.experiments.spec", "esreason.report.document",
+                      "esreason.api.trainer", "esreason.cli"):
+            assert layer_violations({f"{layer}.run": {upper}}, LAYERS), (layer, upper)

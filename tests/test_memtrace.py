@@ -146,7 +146,7 @@ def test_fsdp_trace_shards_the_policy_and_gathers_trls_reference_whole():
 
 
 def test_architecture_files_give_the_known_parameter_counts():
-    from esreason.experiments.flops import KNOWN_PARAMS
+    from esreason.accounting.flops import KNOWN_PARAMS
 
     assert set(known()) == set(KNOWN_PARAMS)
     for model, params in KNOWN_PARAMS.items():

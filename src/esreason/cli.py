@@ -49,8 +49,10 @@ def _cmd_train_es(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, [*(args.set or []), *wandb_sets(args)])
     output = Path(args.output) if args.output else _default_output(args.config, "es")
+    from esreason.experiments.memplan_engines import resolve_at_run
+
     result = run_es(cfg, output, resume=args.resume, progress=not args.no_progress, resume_from=args.resume_from,
-                    accept_task_change=args.accept_task_change)
+                    accept_task_change=args.accept_task_change, resolve_engines=resolve_at_run)
     print(f"ES run finished: {result.steps} updates; final checkpoint: {result.final_checkpoint}")
     print(f"run directory: {output}")
     return 0
@@ -127,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from esreason.analysis.command import register as register_analysis
     from esreason.eval.command import register as register_eval
-    from esreason.experiments.flops import register as register_flops
+    from esreason.accounting.flops import register as register_flops
 
     register_eval(sub)
     register_analysis(sub)

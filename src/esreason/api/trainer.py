@@ -163,6 +163,7 @@ class ESTrainer:
         """
         from esreason.config import ConfigError
         from esreason.es_loop.run import run_es
+        from esreason.experiments.memplan_engines import resolve_at_run
 
         from esreason.api.config import _flat_message
 
@@ -175,7 +176,8 @@ class ESTrainer:
             self.result = run_es(self.run_config, self.output_dir, resume=resume, resume_from=resume_from,
                                  progress=True, task=self.task, model=self.model_object,
                                  tokenizer=self._tokenizer,
-                                 accept_task_change=accept_task_change, events=self.events)
+                                 accept_task_change=accept_task_change, events=self.events,
+                                 resolve_engines=resolve_at_run)
         except ConfigError as exc:  # a config key checked by the run (train.batch_size): the flat field's name
             raise ConfigError(_flat_message(str(exc))) from None
         return self.result

@@ -124,7 +124,8 @@ def reference_placement(cfg: RunConfig) -> tuple[str, str | None]:
 
 def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress: bool = True,
            resume_from: int | None = None, task: Any = None, model: Any = None, tokenizer: Any = None,
-           accept_task_change: bool = False, events: Any = None) -> TrainResult:
+           accept_task_change: bool = False, events: Any = None,
+           resolve_engines: Callable[[RunConfig], RunConfig] | None = None) -> TrainResult:
     """Train with ES according to ``cfg`` into run directory ``output``.
 
     ``resume``: continue from the newest intact checkpoint (damaged newer ones are named in a
@@ -137,14 +138,31 @@ def run_es(cfg: RunConfig, output: str | Path, *, resume: bool = False, progress
     :class:`esreason.tasks.Task` built from the user's dataset and reward functions, used instead of
     the registry's ``cfg.task``), ``model`` / ``tokenizer`` (an in-memory model, used instead of
     loading ``cfg.model`` when the run starts from step 0) and ``events`` (its TrainerState and
-    callbacks, :class:`esreason.es_loop.events.LoopEvents`).
+    callbacks, :class:`esreason.es_loop.events.LoopEvents`). ``resolve_engines`` turns
+    ``backend.engines_per_gpu: auto`` into a number for the GPU the run sees; it needs the memory plan, which
+    sits above the loop, so the entry points pass it (:func:`esreason.experiments.memplan_engines.resolve_at_run`);
+    without it ``auto`` is refused. The run directory keeps ``auto`` (a resume on another GPU resolves again).
     """
     from esreason.io.lock import directory_lock
 
+    if cfg.backend.engines_per_gpu == "auto" and resolve_engines is None:  # refused before anything is written
+        _engines_resolved(cfg, None)
     with directory_lock(output, what="run directory"):
         return _run_es(cfg, Path(output), resume=resume, progress=progress, resume_from=resume_from,
                        task=task, model=model, tokenizer=tokenizer, accept_task_change=accept_task_change,
-                       events=events)
+                       events=events, resolve_engines=resolve_engines)
+
+
+def _engines_resolved(cfg: RunConfig, resolve: Callable[[RunConfig], RunConfig] | None) -> RunConfig:
+    """``cfg`` with ``backend.engines_per_gpu: auto`` resolved by ``resolve`` (see :func:`run_es`)."""
+    if cfg.backend.engines_per_gpu != "auto":
+        return cfg
+    if resolve is None:
+        raise UserError("backend.engines_per_gpu: auto is resolved against the GPU by the command or API that "
+                        "starts the run (esreason train es, ESTrainer, experiment and sweep runs); a direct "
+                        "run_es call passes resolve_engines=esreason.experiments.memplan_engines.resolve_at_run; "
+                        "elsewhere set a number (--set backend.engines_per_gpu=1)")
+    return resolve(cfg)
 
 
 def _load_start(cfg: RunConfig, start_model: str, device: str, model: Any, tokenizer: Any) -> tuple[Any, Any]:
@@ -164,7 +182,7 @@ def _load_start(cfg: RunConfig, start_model: str, device: str, model: Any, token
 
 def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resume_from: int | None,
             task: Any = None, model: Any = None, tokenizer: Any = None, accept_task_change: bool = False,
-            events: Any = None) -> TrainResult:
+            events: Any = None, resolve_engines: Callable[[RunConfig], RunConfig] | None = None) -> TrainResult:
     """:func:`run_es` under the run directory's lock."""
     from esreason import tasks
     from esreason.backends.hf import HFPolicy, resolve_model_path
@@ -241,7 +259,7 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     else:
         fp.update_manifest(out, task_print, at_step=start_step, accepted=accepted)
     from esreason.es.schedule import Schedule
-    from esreason.experiments.budget import record_in_manifest
+    from esreason.accounting.budget import record_in_manifest
 
     t = cfg.train
     updates = t.max_steps or Schedule(len(problems), t.batch_size, t.epochs, t.seed, t.stream_start).total_steps
@@ -250,9 +268,7 @@ def _run_es(cfg: RunConfig, output: Path, *, resume: bool, progress: bool, resum
     # On resume, drop metrics (file and TensorBoard) logged after the checkpoint we resume from.
     truncate_after = (start_step if start_step else -1) if resume or fresh_over_leftovers else None
     from esreason.es_loop.select import build_evaluator
-    from esreason.experiments.memplan_engines import resolve_at_run
-
-    pool_cfg = resolve_at_run(cfg)  # backend.engines_per_gpu: auto -> K for this machine's GPU (memplan_engines)
+    pool_cfg = _engines_resolved(cfg, resolve_engines)  # backend.engines_per_gpu: auto -> K for this GPU
     # Before metrics.jsonl exists: a backend that fails to start (bad Ray address, too many
     # engines) must not leave a directory that "already holds a run".
     evaluator = build_evaluator(pool_cfg, policy, generator, tokenizer)

@@ -87,8 +87,9 @@ def train_es(cfg: Any, out: Path, *, resume: bool, progress: bool) -> tuple[int,
     if es_process(cfg) == "child":
         return launch_es(cfg, out, resume=resume, progress=progress)
     from esreason.es_loop.run import run_es
+    from esreason.experiments.memplan_engines import resolve_at_run
 
-    result = run_es(cfg, out, resume=resume, progress=progress)
+    result = run_es(cfg, out, resume=resume, progress=progress, resolve_engines=resolve_at_run)
     return result.steps, result.final_checkpoint
 
 

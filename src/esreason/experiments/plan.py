@@ -110,7 +110,7 @@ class _Ctx:
     """The inputs every stage reads, and the assumptions it used (recorded once each)."""
 
     def __init__(self, spec: ExperimentSpec, gpus: int, gpu: str, lengths: Any = None, nodes: int = 1) -> None:
-        from esreason.experiments.flops import count_parameters
+        from esreason.accounting.flops import count_parameters
 
         self.lengths = lengths  # esreason.experiments.lengths.RecordedLengths or None (the table's lognormal)
         self.stage_kind = "es"  # the kind of stage being planned (es, grpo, eval): which recorded lengths it uses
@@ -326,7 +326,7 @@ def _grpo_stage(ctx: _Ctx, cfg: Any, name: str, updates: int) -> Stage:
     from esreason.grpo.plan import trl_forwards
 
     try:  # the batch must split over the processes exactly as `train grpo` will require
-        from esreason.experiments.flops import train_size
+        from esreason.accounting.flops import train_size
         from esreason.grpo.plan import plan_batches
 
         plan_batches(cfg, train_size(cfg.task, cfg.data_path, cfg.train.split, cfg.train.limit), procs)

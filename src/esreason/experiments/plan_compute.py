@@ -2,7 +2,7 @@
 
 - :func:`stage_compute`: the stage's generated tokens (the plan's mean response length) and the FLOPs they
   cost as spent, 2 P x the forward-equivalents the stage's code path runs per generated token
-  (:func:`esreason.experiments.budget.compute_record`: ES 1; GRPO sampling 1 + loss forward 1 + backward 2
+  (:func:`esreason.accounting.budget.compute_record`: ES 1; GRPO sampling 1 + loss forward 1 + backward 2
   + recompute + old policy + reference), beside the paper formula's (ES 1, GRPO 4 per token).
 - :func:`grpo_stage_advice`: for a GRPO stage that does not fit, the keys that change its memory with the
   figure each gives, and the nodes that would fit (:func:`esreason.experiments.memplan.grpo_advice`).
@@ -17,7 +17,7 @@ def stage_compute(cfg: Any, updates: int, params: int, mean_length: Any) -> dict
     """Compute as spent of a training stage of ``updates`` updates of ``cfg`` at ``mean_length(max_new_tokens)``
     generated tokens per response (the plan's length model; prompt tokens and padding left out, as the paper's
     L leaves them out)."""
-    from esreason.experiments.budget import compute_record, rollouts_per_update
+    from esreason.accounting.budget import compute_record, rollouts_per_update
 
     rec = compute_record(cfg)
     rollouts = updates * rollouts_per_update(cfg)

@@ -184,9 +184,9 @@ def _evaluate(model: str, spec: ExperimentSpec, out: Path, progress: bool) -> fl
 
 def _add_budget(spec: ExperimentSpec, record: dict[str, Any], entries: dict[str, dict[str, Any]]) -> int | None:
     """``record["budget"]`` (match, shared L, P, whether FLOPs and rollouts are equal) and every trained
-    method's ``planned`` budget and GRPO objective (:mod:`esreason.experiments.budget`); returns P."""
-    from esreason.experiments.budget import experiment_budget
-    from esreason.experiments.flops import count_parameters
+    method's ``planned`` budget and GRPO objective (:mod:`esreason.accounting.budget`); returns P."""
+    from esreason.accounting.budget import experiment_budget
+    from esreason.accounting.flops import count_parameters
     from esreason.experiments.variants import method_record, method_stages
 
     record["match"] = spec.match
@@ -206,7 +206,7 @@ def _add_budget(spec: ExperimentSpec, record: dict[str, Any], entries: dict[str,
 
 def _consumed(exp: Path, training: list[dict[str, Any]], params: int | None) -> dict[str, Any]:
     """Rollouts, tokens and FLOPs at measured lengths a trained method consumed, from its stages' metrics."""
-    from esreason.experiments.budget import combine, consumed
+    from esreason.accounting.budget import combine, consumed
 
     parts = [consumed([exp / t["metrics"]], t["method"], params) for t in training]
     return parts[0] if len(parts) == 1 else combine(parts)
@@ -264,7 +264,7 @@ def _run_experiment(spec: ExperimentSpec, exp: Path, *, progress: bool, report: 
         "methods": {}, "timings": {},
     }
     if spec.es is not None and spec.grpo is not None:
-        from esreason.experiments.flops import compare, estimate_config
+        from esreason.accounting.flops import compare, estimate_config
 
         # One shared L (the ES config's response limit), as the paper matches FLOPs.
         length = spec.es.generation.max_new_tokens

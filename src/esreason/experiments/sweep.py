@@ -331,6 +331,7 @@ def is_finished(point: SweepPoint) -> bool:
 def train_point(point: SweepPoint, progress: bool) -> str:
     """Train (or resume) one run unless finished; returns 'skipped', 'resumed' or 'trained'."""
     from esreason.es_loop.run import run_es
+    from esreason.experiments.memplan_engines import resolve_at_run
     from esreason.io import atomic_write_json
 
     if is_finished(point):
@@ -338,7 +339,7 @@ def train_point(point: SweepPoint, progress: bool) -> str:
     from esreason.io.lock import has_content
 
     resume = has_content(point.run_dir)  # a lock file left by a killed run is not a run
-    result = run_es(point.cfg, point.run_dir, resume=resume, progress=progress)
+    result = run_es(point.cfg, point.run_dir, resume=resume, progress=progress, resolve_engines=resolve_at_run)
     atomic_write_json(point.run_dir / DONE_FILE, {"steps": result.steps, "config": to_dict(point.cfg),
                                                   "final_checkpoint": str(result.final_checkpoint)})
     return "resumed" if resume else "trained"

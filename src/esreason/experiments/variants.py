@@ -18,7 +18,7 @@ A variant is trained exactly as the ``grpo`` method is (kind ``grpo``, the same 
 evaluation and seeds) from configs.grpo with the overlays merged in, so it differs from GRPO only in
 what the overlays change; the experiment's ``model``, ``task`` and budget still win.
 
-``match`` (:mod:`esreason.experiments.budget`): ``flops`` (default) gives every method the same T
+``match`` (:mod:`esreason.accounting.budget`): ``flops`` (default) gives every method the same T
 updates, which matches the paper's FLOP formula when N = 4 G at equal B (the paper). ``rollouts`` keeps ES
 at T and gives every GRPO method (``grpo`` and each variant) T x (N x B_ES) / (B x G) updates, so each
 samples as many responses as ES; B and G (the group the objective is defined on) stay as configured.
@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from esreason.config import ConfigError, build, merge
-from esreason.experiments.budget import MATCHES, compute_matched_updates, rollout_matched_updates
+from esreason.accounting.budget import MATCHES, compute_matched_updates, rollout_matched_updates
 
 VARIANT_KEYS = ("preset", "label", "config", "family")
 COMPOSITIONS = ("es_grpo", "grpo_es")

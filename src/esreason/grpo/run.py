@@ -323,7 +323,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         out.mkdir(parents=True, exist_ok=True)
         _write_header(out, cfg, len(problems), plan, trl_kwargs, check, point.step if point else 0, task_print,
                       accepted)
-        from esreason.experiments.budget import record_in_manifest
+        from esreason.accounting.budget import record_in_manifest
 
         record_in_manifest(out, cfg, model, updates=plan.total_updates)  # planned rollouts, tokens, FLOPs
     barrier()
@@ -399,7 +399,7 @@ def _run_grpo(cfg: GRPORunConfig, output: Path, *, resume: bool, progress: bool,
         latest = run_dir.latest_checkpoint()
         final = latest[1] if latest else None
     if procs.is_main:  # what the run consumed, from its metrics rows
-        from esreason.experiments.budget import record_in_manifest
+        from esreason.accounting.budget import record_in_manifest
 
         record_in_manifest(out, cfg, model, updates=plan.total_updates, finished=True)
     return GRPOResult(plan.total_updates, final)

@@ -17,7 +17,7 @@ a linearly decaying learning rate, no weight decay).
    TRL's sampler advances one generator across epochs, so a run resumed in epoch e > 0 would
    replay epoch 0's order.
 3. **Rollout budget**: every update's metrics row gets ``rollouts`` (responses sampled, all processes)
-   and ``tokens`` (their generated tokens), the counts ES logs too (:mod:`esreason.experiments.budget`).
+   and ``tokens`` (their generated tokens), the counts ES logs too (:mod:`esreason.accounting.budget`).
 4. **Importance ratio**: every micro-step logs ``importance_ratio/abs_log_mean``, how far the policy
    has moved from the one that sampled the rollouts (0 on-policy; :meth:`PaperGRPOTrainer._log_importance_ratio`).
 5. Nothing else: generation, the loss, KL, clipping, logging and checkpointing are TRL's.

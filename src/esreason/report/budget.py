@@ -1,6 +1,6 @@
 """The report's compute budget: what each method was matched on and what it consumed.
 
-Read from ``experiment.json`` (written by the runner, :mod:`esreason.experiments.budget`): the
+Read from ``experiment.json`` (written by the runner, :mod:`esreason.accounting.budget`): the
 experiment's ``match`` and ``budget`` (shared L, P, whether FLOPs and rollouts are equal across the
 trained methods) and, per trained method, its ``planned`` budget, its ``consumed`` one (per seed
 with several) and, for GRPO and its variants, the ``objective`` settings that tell them apart.

@@ -80,11 +80,10 @@ def run_offtask(spec: Any, exp: Path, record: dict[str, Any], *, log: Any = prin
     """Build (or reuse) the off-task set and score every method of ``record``; returns the index that
     ``experiment.json`` stores under ``offtask``."""
     from esreason.backends.hf import load_model
-    from esreason.experiments.spec import eval_settings
     from esreason.io.atomic import atomic_write_json
 
     settings = spec.analysis.offtask
-    device, dtype = eval_settings(spec)
+    device, dtype = spec.eval_settings()  # the experiment's evaluation device and dtype (ExperimentSpec)
     out = exp / OFFTASK_DIR
     base, tok = load_model(spec.model, dtype, device)
     wanted = settings_record(settings, spec.model)

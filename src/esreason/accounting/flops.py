@@ -10,7 +10,7 @@ With T_ES = T_GRPO, D = B and N = 4G the two are equal (paper: N = 32, G = 8).
 Matching uses one shared L, as the paper does; lengths measured in runs differ (ES
 samples at temperature 0, GRPO at 1.0) and are reported separately. What a config's code path
 spends per generated token (ES 1 forward-equivalent, GRPO 5-7 by config) is the ``passes / token``
-column (:func:`esreason.experiments.budget.passes_spent`, docs/budget.md).
+column (:func:`esreason.accounting.budget.passes_spent`, docs/budget.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ What is counted:
 - **not counted**: the held-out evaluation during training (``eval.every``) and ES's coverage probe
   (``coverage.every``, its own ``coverage/tokens``): diagnostics no update learns from. They are
   reported beside (``diagnostic_tokens``).
-- **FLOPs, the paper's formula** (:mod:`esreason.experiments.flops`): planned with the shared L
+- **FLOPs, the paper's formula** (:mod:`esreason.accounting.flops`): planned with the shared L
   (``generation.max_new_tokens``), FLOPs_ES = 2 T N D P L and FLOPs_GRPO = 8 T B G P L; consumed with
   the measured tokens in place of T x rollouts x L: 2 P x tokens (ES) and 8 P x tokens (GRPO).
 - **FLOPs as spent** (``compute``, ``flops_spent``): 2 P per forward-equivalent per generated token, with
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from esreason.config import ConfigError
-from esreason.experiments.flops import passes_spent
+from esreason.accounting.flops import passes_spent
 
 MATCHES = ("flops", "rollouts", "compute")
 #: The quantity each ``match`` makes equal across the trained methods (planned, at the shared L).
@@ -123,7 +123,7 @@ def planned(cfg: Any, *, updates: int | None = None, params: int | None = None,
     params: P (default: counted from the model); length: the shared L (default generation.max_new_tokens)."""
     from dataclasses import replace
 
-    from esreason.experiments.flops import estimate_config
+    from esreason.accounting.flops import estimate_config
 
     if updates is not None:
         cfg = replace(cfg, train=replace(cfg.train, max_steps=updates))
