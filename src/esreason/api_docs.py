@@ -121,9 +121,8 @@ def _object_lines(public: str, obj: Any) -> list[str]:
     lines += [_paragraphs(doc.before), ""]
     lines += _entries([p for p in found if not p.key], defaults=keys is not None)
     if keys is not None:
-        lines += ["The other fields, with their defaults, by the section of the ES run config that gives each "
-                  "key's type and meaning (the key's last part in brackets where it differs from the field's "
-                  "name):", ""]
+        lines += ["The other fields and their defaults, by the run-config section that gives each key's meaning "
+                  "(the key in brackets where it is not the field's name):", ""]
         lines += _key_lines([p for p in found if p.key])
     if doc.after:
         lines += [_paragraphs(doc.after), ""]
