@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from esreason import api_docs, docstrings
+from esreason.config_docs import slug
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / api_docs.DOC_PATH
@@ -33,6 +34,29 @@ def test_every_parameter_is_documented():
 def test_doc_is_current():
     assert DOC.is_file(), f"{api_docs.DOC_PATH} is missing; {REGENERATE}"
     assert DOC.read_text(encoding="utf-8") == api_docs.render(), f"{api_docs.DOC_PATH} is stale; {REGENERATE}"
+
+
+def test_doc_names_every_public_name_and_links_each_key_to_its_entry():
+    """Every entry point, public method and parameter is in docs/api.md; a config field that stands for a
+    YAML key is listed with a link to the config.md section whose table has that key (its meaning is there)."""
+    from esreason.config_docs import DOC_PATH as CONFIG_DOC
+
+    text = DOC.read_text(encoding="utf-8")
+    config = (REPO / CONFIG_DOC).read_text(encoding="utf-8")
+    for public, obj in api_docs.api_objects():
+        assert f"## `{public}`" in text, public
+        if isinstance(obj, type):
+            for name, _ in api_docs.public_methods(obj):
+                assert f"### `{obj.__name__}.{name}`" in text, name
+        found, _ = docstrings.params(obj, api_docs.yaml_keys(obj))
+        for p in found:
+            assert f"`{p.name.lstrip('*')}`" in text, f"{public}: {p.name}"
+            if p.key:
+                anchor = api_docs.key_anchor(p.key).partition("#")[2]
+                assert f"(config.md#{anchor})" in text, p.key
+                section = config.split("\n### ")[[slug(h.splitlines()[0]) for h in config.split("\n### ")]
+                                                  .index(anchor)]
+                assert f"| `{p.key}` |" in section, f"{p.key} is not in config.md#{anchor}"
 
 
 @pytest.mark.parametrize("public", [name for name, _ in api_docs.api_objects()])

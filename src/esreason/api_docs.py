@@ -3,7 +3,8 @@
 :func:`esreason.docstrings.document` composes the ``__doc__`` of ``ESConfig``, ``ESTrainer``,
 ``GRPOComparator`` and ``evaluate`` when :mod:`esreason.api` is imported; this module writes the
 same parts (prose, each parameter's type, default and meaning, the example) as Markdown, plus the
-public methods. ``scripts/api_doc.py`` writes the file; tests/test_api_doc.py fails when it is
+public methods. A config field that stands for a YAML key is listed with its key, linked to the key's
+entry in docs/config.md, and its default (its meaning is stated there, once). ``scripts/api_doc.py`` writes the file; tests/test_api_doc.py fails when it is
 stale or a parameter has no documentation.
 """
 
@@ -54,17 +55,38 @@ def _code(text: str) -> str:
     return "`" + text.replace("|", "\\|") + "`"
 
 
-def _table(found: list[Param], with_keys: bool) -> list[str]:
-    head = ["| Parameter | Type | Default | Description |", "| --- | --- | --- | --- |"]
-    if with_keys:
-        head = ["| Field | YAML key | Type | Default | Description |", "| --- | --- | --- | --- | --- |"]
-    rows = []
+def _default(p: Param) -> str:
+    return _code(p.default) if p.default not in ("", "required") else p.default
+
+
+def _entries(found: list[Param], defaults: bool = False) -> list[str]:
+    """Parameters in full: name, type (``Any`` left out) and meaning; the defaults are in the signature
+    shown above the list, or, with ``defaults``, here."""
+    lines = []
     for p in found:
-        key = [_code(p.key) if p.key else "(API only)"] if with_keys else []
-        cells = [_code(p.name), *key, _code(p.type), _code(p.default) if p.default not in ("", "required")
-                 else p.default, markdown(p.doc)]
-        rows.append("| " + " | ".join(cells) + " |")
-    return head + rows + [""]
+        about = [_code(p.type)] if p.type not in ("", "Any") else []
+        if defaults:
+            about.append(f"default {_default(p)}")
+        lines.append(f"- {_code(p.name)}" + (f" ({', '.join(about)})" if about else "") + f": {markdown(p.doc)}")
+    return lines + [""]
+
+
+def key_anchor(key: str) -> str:
+    """``config.md#...``: the docs/config.md section that documents the ES run-config key ``key``
+    (its headings are ``ES: top level`` and ``ES: `section```)."""
+    return "config.md#" + slug("ES: " + (key.rpartition(".")[0] or "top level"))
+
+
+def _key_lines(found: list[Param]) -> list[str]:
+    """Flat fields that stand for a YAML key, one line per config section: each field with its default,
+    and the key's last part where the field's name differs (the meaning is stated once, in config.md)."""
+    by_section: dict[str, list[str]] = {}
+    for p in found:
+        section, _, leaf = p.key.rpartition(".")
+        name = _code(p.name) + ("" if leaf == p.name else f" ({_code(leaf)})")
+        by_section.setdefault(section, []).append(f"{name} {_default(p)}")
+    return [f"- [{_code(s) if s else 'top level'}]({key_anchor(s + '.x' if s else 'x')}): " + ", ".join(items)
+            for s, items in by_section.items()] + [""]
 
 
 def _signature(name: str, obj: Any, method: bool = False) -> str:
@@ -84,7 +106,7 @@ def _methods(cls: type) -> list[str]:
         lines += [f"### `{cls.__name__}.{name}`", "", f"`{_signature(f'{cls.__name__}.{name}', func, method=True)}`",
                   "", _paragraphs(doc.before), ""]
         if doc.entries:
-            lines += _table([p for p in found if p.name not in ("self", "cls")], with_keys=False)
+            lines += _entries([p for p in found if p.name not in ("self", "cls")])
         if doc.after:
             lines += [_paragraphs(doc.after), ""]
     return lines
@@ -97,7 +119,11 @@ def _object_lines(public: str, obj: Any) -> list[str]:
     if keys is None:  # a config's signature is its table
         lines += [f"`{_signature(public, obj)}`", ""]
     lines += [_paragraphs(doc.before), ""]
-    lines += _table(found, with_keys=keys is not None)
+    lines += _entries([p for p in found if not p.key], defaults=keys is not None)
+    if keys is not None:
+        lines += ["The other fields and their defaults, by the run-config section that gives each key's meaning "
+                  "(the key in brackets where it is not the field's name):", ""]
+        lines += _key_lines([p for p in found if p.key])
     if doc.after:
         lines += [_paragraphs(doc.after), ""]
     if doc.example:
@@ -135,4 +161,4 @@ def write(root: Path) -> Path:
     return path
 
 
-__all__ = ["DOC_PATH", "api_objects", "missing", "public_methods", "render", "source_docstring", "write"]
+__all__ = ["DOC_PATH", "api_objects", "key_anchor", "missing", "public_methods", "render", "source_docstring", "write"]

@@ -267,7 +267,7 @@ def render() -> str:
              "value stops the command with one line naming the dotted key.", ""]
     lines += [f"- [{f.title}](#{slug(f.title)})" for f in files]
     lines += ["", "The Python API's `esreason.ESConfig` holds every key of the ES run config as a flat field "
-              "(`sigma` for `es.sigma`); its table is in [api.md](api.md#esreasonesconfig).", ""]
+              "(`sigma` for `es.sigma`); its fields are listed in [api.md](api.md#esreasonesconfig).", ""]
     for f in files:
         lines += _file_lines(f)
     return "\n".join(lines).rstrip() + "\n"
