@@ -107,6 +107,12 @@ def check_labels(block: Block) -> None:
                         "every form; Python blocks run as written or are parsed only)")
     if block.mode in ("twin", "parse") and not block.reason:
         raise DocsError(f"{block.where}: the marker must say why the block cannot run as written")
+    if block.lang == "bash" and block.mode in ("run", "twin") and re.search(r"(^|[\s;&|(])pip3?\s+install\b",
+                                                                              block.code, re.M):
+        # Run in the page's copy of the tree, `pip install -e` would re-point the environment's editable
+        # install at that copy, which is deleted after the page: every later test would lose esreason.
+        raise DocsError(f"{block.where}: a block that runs `pip install` would change the environment the docs "
+                        "run in: mark it '# [CI parses this only: ...]' or '# [CI runs these lines in .ci/run]'")
 
 
 # --------------------------------------------------------------------------- checking configurations

@@ -127,3 +127,14 @@ def test_the_readme_figure_is_what_the_demo_report_writes():
     assert "docs/figures/demo-passk.png" in (REPO / "README.md").read_text()
     assert (REPO / "docs" / "figures" / "demo-passk.png").is_file()
     assert file_names()["profiles"] == "passk_profiles.png"
+
+
+@pytest.mark.parametrize("text", ["```bash\npip install -e '.[ray]'\n```\n",
+                                  "```bash\n# [CI runs this with --set train.max_steps=1: short]\ncd x && pip install .\n```\n"])
+def test_a_block_that_would_install_is_refused(text):
+    """Run in the page's copy of the tree, `pip install -e` would re-point the docs run's environment at a
+    directory deleted after the page (it happened: every later test lost esreason)."""
+    (block,) = _page(text)
+    with pytest.raises(DocsError, match="pip install"):
+        check_labels(block)
+    check_labels(Block(block.page, block.line, block.lang, block.code, "parse", "", "an install"))
