@@ -128,8 +128,8 @@ def _with_constants(name: str, sets: tuple[str, ...], constants: tuple[tuple[str
 
 #: (label, --set overrides, plan_table constants replaced, which update: "es" or "lowrank")
 LIMIT_CASES = (
-    ("full rank, shipped config (`engines_per_gpu: auto`: 4 per GPU on an H100, replicated update)", (), (), "es"),
-    ("full rank, 2 engines per GPU (replicated update)", _layout(2), (), "es"),
+    ("full rank, shipped config (`engines_per_gpu: auto`: 2 per GPU on an H100, replicated update)", (), (), "es"),
+    ("full rank, 4 engines per GPU (6 % of GPU 0 free; replicated update)", _layout(4), (), "es"),
     ("full rank, the paper's layout (1 engine per GPU, sharded update)", PAPER_LAYOUT, (), "es"),
     ("full rank, auto, if sharing engines read at the full roofline (`shared_read_efficiency` 1.0)", (),
      (("shared_read_efficiency", 1.0),), "es"),

@@ -86,8 +86,9 @@ def test_easy_plan_on_8_gpus_runs_every_generation_on_vllm(easy):
 
     mean = LengthModel(250, 0.6, tab.RUNAWAY_SHARE["instruct"].value).mean(2048)  # with a share at the cap
     assert by["eval/es"]["tokens"] == pytest.approx(EASY_PROBLEMS * 33 * mean, abs=1)
-    # engines_per_gpu: auto -> 4 per H100 with the replicated update (memplan_engines)
-    assert "32 vLLM engines (Ray pool, 4 per GPU on 8 GPUs; replicated update)" in by["train/es"]["runs_on"]
+    # engines_per_gpu: auto -> 2 per H100 with the replicated update (memplan_engines: 4 would leave 6 % free,
+    # 3 run the members in as many rounds as 2)
+    assert "16 vLLM engines (Ray pool, 2 per GPU on 8 GPUs; replicated update)" in by["train/es"]["runs_on"]
     assert "8 processes" in by["train/grpo"]["runs_on"]
     assert plan["total_gpu_hours"] == pytest.approx(sum(s["gpu_hours"] for s in plan["stages"]), abs=0.05)
     assert plan["wall_hours"] == pytest.approx(sum(s["wall_hours"] for s in plan["stages"]), abs=0.05)
@@ -132,8 +133,8 @@ def test_larger_models_shard_grpo_and_cost_more():
     assert not any("gpu0_with_trainer needs" in n for n in notes)
     es7 = next(s for s in plans["easy-qwen2.5-7b.yaml"]["stages"] if s["name"] == "train/es")
     assert es7["memory_gib_per_gpu"]["gpu0_with_trainer"] < 80 < es7["memory_gib_per_gpu"]["trainer_host"] + 48
-    assert plans["easy.yaml"]["notes"] == ["ES stages: backend.engines_per_gpu: auto -> 4 on NVIDIA H100 80GB "
-                                           "(one member per engine (32 members on 8 GPUs))"]
+    assert plans["easy.yaml"]["notes"] == ["ES stages: backend.engines_per_gpu: auto -> 2 on NVIDIA H100 80GB "
+                                           "(memory: 4 engines would leave 6 % of GPU 0: ES engines + trainer free (at least 10 %); 2 per GPU run the 32 members in the same 2 rounds as 3)"]
     hard = build_plan(specs["hard.yaml"], 8)
     assert any(a["key"] == "response_tokens.r1-distill" for a in hard["assumptions"])
 

@@ -201,8 +201,11 @@ def test_paper_es_configs_run_bf16_engines_with_fp32_masters():
 
     paths = sorted((ROOT / "configs").glob("easy/es-*.yaml")) + sorted((ROOT / "configs").glob("hard/es-*.yaml"))
     assert paths
-    for path in paths:
-        options = VLLMEngineOptions.from_config(load_config(path))
+    from esreason.experiments.memplan import GPU_MEMORY_GIB
+    from esreason.experiments.memplan_engines import resolve
+
+    for path in paths:  # engines_per_gpu: auto resolved as a run on an H100 resolves it
+        options = VLLMEngineOptions.from_config(resolve(load_config(path), GPU_MEMORY_GIB["h100"][1]))
         assert options.dtype == "bfloat16", path
         assert master_enabled(options.master_weights, torch.bfloat16), path
 

@@ -166,7 +166,9 @@ def test_every_shipped_gpu_config_fits_an_h100_with_ten_percent_margin():
     paths = sorted(glob.glob(str(ROOT / "configs" / "easy" / "*.yaml")) + glob.glob(str(ROOT / "configs" / "hard" / "*.yaml")))
     assert len(paths) >= 9 and all((ROOT / "configs" / "easy" / name).is_file() for name in BEYOND_ONE_NODE)
     for path in (p for p in paths if os.path.basename(p) not in BEYOND_ONE_NODE):
-        cfg = memplan.load_run_config(path)
+        from esreason.experiments.memplan_engines import resolve
+
+        cfg = resolve(memplan.load_run_config(path), gib)  # engines_per_gpu: auto, as a run on an H100 resolves it
         gpus = 1 if "1gpu" in path else 8
         roles = memplan.run_config_roles(cfg, gpus, gib)
         assert roles, path

