@@ -124,13 +124,24 @@ def test_ci_runs_the_newest_transformers_job_after_the_main_suite():
 
 
 def test_ci_runs_the_suite_again_on_a_second_cpu_kernel_path():
-    """Float comparisons must hold on the kernels of other CPUs, so CI runs the whole suite a
-    second time with ATen's scalar kernels and oneDNN/MKL capped at AVX2."""
+    """Float comparisons must hold on the kernels of other CPUs, so CI runs the suite a second time with
+    ATen's scalar kernels and oneDNN/MKL capped at AVX2: every file but the heavy ones (``--fast``), and the
+    heavy files that compare floats across code paths, each of which exists and is heavy (else ``--fast``
+    runs it already)."""
+    text = (REPO / ".ci" / "run").read_text()
     ci = _ci_commands()
-    second = [c for c in ci if "ATEN_CPU_CAPABILITY=default" in c]
-    assert len(second) == 1 and second[0].endswith("python -m pytest -q")
-    assert "ONEDNN_MAX_CPU_ISA=AVX2" in second[0] and "MKL_ENABLE_INSTRUCTIONS=AVX2" in second[0]
-    assert ci.index(second[0]) > ci.index("python -m pytest")
+    export = [c for c in ci if "ATEN_CPU_CAPABILITY=default" in c]
+    assert len(export) == 1 and export[0].startswith("export ")
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in export[0] and "MKL_ENABLE_INSTRUCTIONS=AVX2" in export[0]
+    after = ci[ci.index(export[0]):]
+    assert after[1] == "python -m pytest -q --fast" and after[2].startswith("python -m pytest -q tests/")
+    assert ci.index(export[0]) > ci.index("python -m pytest")
+    block = text[text.index(after[2]):text.index("unset ATEN_CPU_CAPABILITY")]
+    files = re.findall(r"tests/\w+\.py", block)
+    assert len(files) >= 10
+    for path in files:
+        source = (REPO / path).read_text()
+        assert "pytest.mark.heavy" in source, f"{path} is not heavy: --fast runs it already"
 
 
 def test_suite_runs_on_parallel_workers_by_default():
