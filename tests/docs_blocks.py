@@ -147,7 +147,8 @@ def _validate(data: dict, text: str, cwd: Path) -> str:
     if {"methods", "configs", "analysis", "variants", "updates"} & data.keys():
         from esreason.experiments.spec import parse_spec
 
-        base = {"name": "docs", "model": "demo", "task": "demo-add", "configs": {
+        base = {"name": "docs", "model": "demo", "task": "demo-add", "methods": ["base", "es"], "updates": 2,
+                "eval": {"in_domain": ["demo-add"], "held_out": ["demo-sub"]}, "configs": {
             "es": str(REPO / "configs/demo/es.yaml"), "grpo": str(REPO / "configs/demo/grpo.yaml")}}
         parse_spec(merge(base, data), cwd)
         return "experiment"
