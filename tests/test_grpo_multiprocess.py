@@ -304,33 +304,36 @@ def test_fsdp_config_sets_the_environment_accelerate_reads_for_a_full_state_dict
 
 
 FSDP_WORKER = r'''
-import json, sys, torch, torch.distributed as dist
+import sys, torch, torch.distributed as dist
 from pathlib import Path
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from esreason.backends.hf import load_model
 from esreason.grpo.callbacks import write_hf_checkpoint
-from esreason.grpo.distributed import full_state_dict
+from esreason.grpo.distributed import full_state_dict, shutdown_process_group
 
 
-out = Path(sys.argv[1])
+def main(out: Path) -> None:  # the sharded model is a local: gone before the group is destroyed
+    rank = dist.get_rank()
+    model, tok = load_model("demo")
+    mesh = init_device_mesh("cpu", (2,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    with torch.no_grad():  # each process changes only its own shard, by a different amount
+        for p in model.parameters():
+            p.to_local().add_(rank + 1.0)
+    sd = full_state_dict(None, model)  # collective
+    if rank == 0:
+        write_hf_checkpoint(out, model, tok, {"step": 1}, state_dict=sd)
+    else:
+        assert sd == {}, sorted(sd)[:3]
+    dist.barrier()
+
+
 dist.init_process_group("gloo")
-rank = dist.get_rank()
-model, tok = load_model("demo")
-mesh = init_device_mesh("cpu", (2,))
-for layer in model.model.layers:
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-with torch.no_grad():  # each process changes only its own shard, by a different amount
-    for p in model.parameters():
-        p.to_local().add_(rank + 1.0)
-sd = full_state_dict(None, model)  # collective
-if rank == 0:
-    write_hf_checkpoint(out, model, tok, {"step": 1}, state_dict=sd)
-else:
-    assert sd == {}, sorted(sd)[:3]
-dist.barrier()
-dist.destroy_process_group()
+main(Path(sys.argv[1]))
+shutdown_process_group()  # what every launched run ends with (a live FSDP module at exit aborted rank 1)
 '''
 
 
